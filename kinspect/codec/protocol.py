@@ -1,0 +1,293 @@
+"""Whole frames: request/response headers plus bodies, and the protocol's special cases.
+
+Header versions (Kafka protocol guide; KIP-482; KIP-511):
+
+* a request uses header v2 when its api version is flexible, else v1; ControlledShutdown
+  (api key 7) v0 uses header v0 (no ClientId);
+* a response uses header v1 when flexible, else v0; ApiVersionsResponse (api key 18)
+  always uses v0 so that a client can read it whatever version it asked for;
+* an ApiVersions request with a version the broker does not know is answered with
+  a v0 body carrying error 35 (UNSUPPORTED_VERSION); such a body is decoded as v0.
+
+Frames here never include the 4-byte size prefix (see :mod:`kinspect.codec.frames`).
+"""
+
+from __future__ import annotations
+
+from struct import Struct as _S
+from typing import Any
+
+from .errors import DecodeError, EncodeError, KinspectError
+from .registry import MessageCodec, SpecRegistry, default_registry
+from .values import Struct
+
+API_VERSIONS = 18
+CONTROLLED_SHUTDOWN = 7
+UNSUPPORTED_VERSION = 35
+
+_HHI = _S(">hhi").unpack_from
+_I = _S(">i").unpack_from
+_H = _S(">h").unpack_from
+
+
+class Request:
+    """A decoded request frame.
+
+    Attributes:
+        api_key, api_version, correlation_id: from the header.
+        client_id: the header's ClientId (``None`` for header v0 or a null id).
+        header_version: 0, 1 or 2.
+        header: the RequestHeader value (``None`` if not decoded).
+        body: the request body value (``None`` when only the header was decoded).
+        body_offset: where the body starts in the frame.
+        api_name: ``"Metadata"`` etc.
+    """
+
+    __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "header_version",
+                 "header", "body", "body_offset", "api_name")
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int,
+                 client_id: str | None, header_version: int, header: Struct | None,
+                 body: Struct | None, body_offset: int, api_name: str):
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id = client_id
+        self.header_version = header_version
+        self.header = header
+        self.body = body
+        self.body_offset = body_offset
+        self.api_name = api_name
+
+    def to_dict(self) -> dict[str, Any]:
+        """``{"api": ..., "api_key": ..., "api_version": ..., "header_version": ...,
+        "header": {...}, "body": {...}}`` (JSON-able)."""
+        return {
+            "api": self.api_name, "api_key": self.api_key, "api_version": self.api_version,
+            "header_version": self.header_version,
+            "header": self.header.to_dict() if self.header is not None else None,
+            "body": self.body.to_dict() if self.body is not None else None,
+        }
+
+    def __repr__(self) -> str:
+        return (f"Request({self.api_name} v{self.api_version}, correlation_id="
+                f"{self.correlation_id}, client_id={self.client_id!r})")
+
+
+class Response:
+    """A decoded response frame.
+
+    Attributes:
+        api_key, api_version: taken from the request it answers.
+        correlation_id: from the header.
+        header_version: 0 or 1.
+        body_version: the version the body was decoded at (differs from
+            ``api_version`` only for an ApiVersions error answered as v0).
+        header, body: decoded values.
+    """
+
+    __slots__ = ("api_key", "api_version", "correlation_id", "header_version", "header",
+                 "body", "body_offset", "api_name", "body_version")
+
+    def __init__(self, api_key: int, api_version: int, correlation_id: int,
+                 header_version: int, header: Struct | None, body: Struct | None,
+                 body_offset: int, api_name: str, body_version: int):
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.header_version = header_version
+        self.header = header
+        self.body = body
+        self.body_offset = body_offset
+        self.api_name = api_name
+        self.body_version = body_version
+
+    def to_dict(self) -> dict[str, Any]:
+        d = {
+            "api": self.api_name, "api_key": self.api_key, "api_version": self.api_version,
+            "header_version": self.header_version,
+            "header": self.header.to_dict() if self.header is not None else None,
+            "body": self.body.to_dict() if self.body is not None else None,
+        }
+        if self.body_version != self.api_version:
+            d["body_version"] = self.body_version
+        return d
+
+    def __repr__(self) -> str:
+        return f"Response({self.api_name} v{self.api_version}, correlation_id={self.correlation_id})"
+
+
+class Codec:
+    """Frame-level codec over a :class:`SpecRegistry` (the default search path if
+    none is given). Sans-io: bytes in, values out, values in, bytes out."""
+
+    def __init__(self, registry: SpecRegistry | None = None):
+        self.registry = registry if registry is not None else default_registry()
+        self._req_header = self.registry.header("RequestHeader")
+        self._resp_header = self.registry.header("ResponseHeader")
+        self._hv_cache: dict[tuple[int, int, bool], int | None] = {}
+
+    # -- header versions -------------------------------------------------------
+    def request_header_version(self, api_key: int, api_version: int) -> int | None:
+        """0, 1 or 2; ``None`` when no spec defines the api key or version."""
+        key = (api_key, api_version, True)
+        hv = self._hv_cache.get(key, -1)
+        if hv == -1:
+            spec = self.registry.request(api_key)
+            if spec is None or not spec.valid_versions.contains(api_version):
+                hv = None
+            elif api_key == CONTROLLED_SHUTDOWN and api_version == 0:
+                hv = 0
+            else:
+                hv = 2 if spec.is_flexible(api_version) else 1
+            self._hv_cache[key] = hv
+        return hv
+
+    def response_header_version(self, api_key: int, api_version: int) -> int | None:
+        """0 or 1; ``None`` when no spec defines the api key or version."""
+        key = (api_key, api_version, False)
+        hv = self._hv_cache.get(key, -1)
+        if hv == -1:
+            spec = self.registry.response(api_key)
+            if spec is None or not spec.valid_versions.contains(api_version):
+                hv = None
+            elif api_key == API_VERSIONS:
+                hv = 0
+            else:
+                hv = 1 if spec.is_flexible(api_version) else 0
+            self._hv_cache[key] = hv
+        return hv
+
+    def api_name(self, api_key: int) -> str:
+        return self.registry.api_name(api_key)
+
+    # -- requests --------------------------------------------------------------
+    def decode_request(self, frame: bytes, *, body: bool = True) -> Request:
+        """Decode a request frame; with ``body=False`` only the header (lazy).
+
+        Raises:
+            DecodeError: malformed frame, or an api key/version no spec defines
+                (``reason`` says which); offsets are relative to the frame.
+        """
+        if type(frame) is not bytes:
+            frame = bytes(frame)
+        if len(frame) < 8:
+            raise DecodeError(f"request frame of {len(frame)} bytes is shorter than a header",
+                              offset=0, expected="request header")
+        api_key, api_version, corr = _HHI(frame, 0)
+        name = self.registry.api_name(api_key)
+        hv = self.request_header_version(api_key, api_version)
+        if hv is None:
+            spec = self.registry.request(api_key)
+            reason = (f"no spec for api key {api_key}" if spec is None else
+                      f"{name} has no version {api_version} (valid: {spec.valid_versions})")
+            raise DecodeError(reason, offset=0, expected="known api key and version",
+                              api=name, version=api_version)
+        header, pos = self._req_header.decode_from(frame, hv, 0)
+        client_id = header.ClientId if hv >= 1 else None
+        req = Request(api_key, api_version, corr, client_id, hv, header, None, pos, name)
+        if body:
+            codec = self.registry.codec(self.registry.request(api_key))
+            try:
+                req.body = codec.decode(frame, api_version, pos)
+            except DecodeError as e:
+                e.api = name
+                raise
+        return req
+
+    def encode_request(self, req: Request) -> bytes:
+        """Encode header and body (without the size prefix).
+
+        Raises:
+            EncodeError: see :meth:`MessageCodec.encode`.
+        """
+        spec = self.registry.request(req.api_key)
+        if spec is None:
+            raise EncodeError(f"no spec for api key {req.api_key}")
+        header = req.header
+        if header is None:
+            header = self._req_header.cls(RequestApiKey=req.api_key,
+                                          RequestApiVersion=req.api_version,
+                                          CorrelationId=req.correlation_id, ClientId=req.client_id)
+        out = bytearray()
+        self._req_header.encode_into(header, req.header_version, out)
+        self.registry.codec(spec).encode_into(req.body, req.api_version, out)
+        return bytes(out)
+
+    # -- responses -------------------------------------------------------------
+    def response_correlation_id(self, frame: bytes) -> int:
+        """The correlation id of a response frame (its first 4 bytes).
+
+        Raises:
+            DecodeError: fewer than 4 bytes.
+        """
+        if len(frame) < 4:
+            raise DecodeError("response frame shorter than a correlation id", offset=0,
+                              expected="int32 correlation id")
+        return _I(frame, 0)[0]
+
+    def decode_response(self, frame: bytes, api_key: int, api_version: int, *,
+                        body: bool = True) -> Response:
+        """Decode a response to a request of ``(api_key, api_version)``.
+
+        Raises:
+            DecodeError: malformed frame, or no spec for the api key/version.
+        """
+        if type(frame) is not bytes:
+            frame = bytes(frame)
+        name = self.registry.api_name(api_key)
+        hv = self.response_header_version(api_key, api_version)
+        if hv is None:
+            spec = self.registry.response(api_key)
+            reason = (f"no spec for api key {api_key}" if spec is None else
+                      f"{name} has no version {api_version} (valid: {spec.valid_versions})")
+            raise DecodeError(reason, offset=0, expected="known api key and version",
+                              api=name, version=api_version)
+        header, pos = self._resp_header.decode_from(frame, hv, 0)
+        resp = Response(api_key, api_version, header.CorrelationId, hv, header, None, pos, name,
+                        api_version)
+        if body:
+            codec = self.registry.codec(self.registry.response(api_key))
+            version = api_version
+            if (api_key == API_VERSIONS and api_version > 0 and len(frame) >= pos + 2
+                    and _H(frame, pos)[0] == UNSUPPORTED_VERSION):
+                version = 0
+            try:
+                resp.body = codec.decode(frame, version, pos)
+            except DecodeError as e:
+                if version == api_version:
+                    e.api = name
+                    raise
+                resp.body = codec.decode(frame, api_version, pos)
+                version = api_version
+            resp.body_version = version
+        return resp
+
+    def encode_response(self, resp: Response) -> bytes:
+        """Encode header and body (without the size prefix).
+
+        Raises:
+            EncodeError: see :meth:`MessageCodec.encode`.
+        """
+        spec = self.registry.response(resp.api_key)
+        if spec is None:
+            raise EncodeError(f"no spec for api key {resp.api_key}")
+        header = resp.header
+        if header is None:
+            header = self._resp_header.cls(CorrelationId=resp.correlation_id)
+        out = bytearray()
+        self._resp_header.encode_into(header, resp.header_version, out)
+        self.registry.codec(spec).encode_into(resp.body, resp.body_version, out)
+        return bytes(out)
+
+    def request_codec(self, api_key: int) -> MessageCodec:
+        spec = self.registry.request(api_key)
+        if spec is None:
+            raise KinspectError(f"no spec for api key {api_key}")
+        return self.registry.codec(spec)
+
+    def response_codec(self, api_key: int) -> MessageCodec:
+        spec = self.registry.response(api_key)
+        if spec is None:
+            raise KinspectError(f"no spec for api key {api_key}")
+        return self.registry.codec(spec)

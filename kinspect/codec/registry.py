@@ -1,0 +1,361 @@
+"""Where specs come from, and the codec of each message.
+
+A :class:`SpecRegistry` is built from a search path; the first source that
+defines a message wins. The default path is, in order:
+
+1. paths given by the caller (``--specs``), directories or jar/zip archives such
+   as Kafka's ``kafka-clients-*.jar`` (its ``common/message/*.json``);
+2. the ``KINSPECT_SPECS`` environment variable (``os.pathsep``-separated);
+3. the project's ``specs/`` directory;
+4. the spec files kafka-python (>= 3) ships as package data (the default set).
+"""
+
+from __future__ import annotations
+
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import json5
+
+from .compiler import CompiledVersion
+from .errors import DecodeError, EncodeError, KinspectError, SpecError
+from .spec import MessageSpec, parse_message_spec
+from .values import Struct, struct_class
+
+PROJECT_SPECS = Path(__file__).resolve().parents[2] / "specs"
+ENV_VAR = "KINSPECT_SPECS"
+
+
+def kafka_python_specs() -> Path | None:
+    """The directory of spec files shipped by kafka-python >= 3, or ``None``."""
+    try:
+        import importlib.resources as resources
+
+        root = resources.files("kafka.protocol.schemas") / "resources"
+        path = Path(str(root))
+        return path if path.is_dir() else None
+    except (ImportError, ModuleNotFoundError, TypeError):
+        return None
+
+
+@dataclass
+class SpecSource:
+    """One entry of the search path: ``kind`` is ``"dir"`` or ``"archive"``;
+    ``origin`` says why it is on the path (``"--specs"``, ``"KINSPECT_SPECS"``,
+    ``"project"``, ``"kafka-python"``)."""
+
+    path: str
+    kind: str
+    origin: str
+
+
+def _iter_spec_files(source: SpecSource) -> Iterator[tuple[str, str]]:
+    """Yield ``(display name, text)`` for every ``*.json`` spec in a source."""
+    if source.kind == "dir":
+        for p in sorted(Path(source.path).glob("*.json")):
+            yield str(p), p.read_text(encoding="utf-8")
+        return
+    with zipfile.ZipFile(source.path) as zf:
+        names = sorted(n for n in zf.namelist() if n.endswith(".json"))
+        # Kafka's jars hold the specs under common/message/; prefer that folder.
+        preferred = [n for n in names if "common/message/" in n]
+        for n in preferred or names:
+            yield f"{source.path}!{n}", zf.read(n).decode("utf-8")
+
+
+def _source_for(path: str, origin: str) -> SpecSource:
+    p = Path(path)
+    if p.is_dir():
+        return SpecSource(str(p), "dir", origin)
+    if p.is_file() and zipfile.is_zipfile(p):
+        return SpecSource(str(p), "archive", origin)
+    raise SpecError(f"spec path {path!r} is neither a directory nor a jar/zip archive",
+                    source=path)
+
+
+def search_path(paths: Iterable[str] = (), *, use_env: bool = True, use_project: bool = True,
+                use_default: bool = True) -> list[SpecSource]:
+    """The spec search path in priority order (see the module docstring).
+
+    Raises:
+        SpecError: a given path that is neither a directory nor an archive.
+    """
+    out = [_source_for(p, "--specs") for p in paths]
+    if use_env:
+        for p in filter(None, os.environ.get(ENV_VAR, "").split(os.pathsep)):
+            out.append(_source_for(p, ENV_VAR))
+    if use_project and PROJECT_SPECS.is_dir() and any(PROJECT_SPECS.glob("*.json")):
+        out.append(SpecSource(str(PROJECT_SPECS), "dir", "project"))
+    if use_default:
+        kp = kafka_python_specs()
+        if kp is not None:
+            out.append(SpecSource(str(kp), "dir", "kafka-python"))
+    return out
+
+
+class MessageCodec:
+    """Decode and encode one message spec at any of its valid versions.
+
+    Code is generated and compiled per version on first use
+    (:mod:`kinspect.codec.compiler`).
+    """
+
+    __slots__ = ("spec", "cls", "_compiled", "api")
+
+    def __init__(self, spec: MessageSpec):
+        self.spec = spec
+        self.cls = struct_class(spec.struct)
+        self._compiled: dict[int, CompiledVersion] = {}
+        self.api = spec.name
+
+    def compiled(self, version: int) -> CompiledVersion:
+        cv = self._compiled.get(version)
+        if cv is None:
+            if not self.spec.valid_versions.contains(version):
+                raise KinspectError(f"{self.spec.name} has no version {version} "
+                                    f"(valid: {self.spec.valid_versions})")
+            cv = self._compiled[version] = CompiledVersion(self.spec, version)
+        return cv
+
+    def decode(self, buf: bytes, version: int, pos: int = 0, end: int | None = None) -> Struct:
+        """Decode exactly ``buf[pos:end]`` as this message at ``version``.
+
+        Args:
+            buf: the frame (or any buffer); offsets in errors are relative to it.
+        Returns:
+            an instance of the message's value class.
+        Raises:
+            DecodeError: malformed or truncated input, trailing bytes, or a version
+                the spec does not define.
+        """
+        obj, p = self.decode_from(buf, version, pos, end)
+        if end is None:
+            end = len(buf)
+        if p != end:
+            raise DecodeError(f"{end - p} trailing bytes after the message", offset=p,
+                              expected="end of message", api=self.api, version=version)
+        return obj
+
+    def decode_from(self, buf: bytes, version: int, pos: int = 0,
+                    end: int | None = None) -> tuple[Struct, int]:
+        """Decode a message starting at ``pos``; return it and the offset after it."""
+        if type(buf) is not bytes:
+            buf = bytes(buf)
+        if end is None:
+            end = len(buf)
+        try:
+            cv = self.compiled(version)
+        except KinspectError as e:
+            raise DecodeError(str(e), offset=pos, api=self.api, version=version) from None
+        try:
+            return cv.decode(buf, pos, end)
+        except (DecodeError, IndexError, ValueError, OverflowError, MemoryError,
+                RecursionError, _struct_error) as ex:
+            raise self._diagnose(cv, buf, pos, end, version, ex) from None
+
+    def _diagnose(self, cv: CompiledVersion, buf: bytes, pos: int, end: int, version: int,
+                  first: BaseException) -> DecodeError:
+        cv.traced(self.spec, version)
+        trace: list[tuple[str, int, str]] = []
+        try:
+            cv.decode_traced(buf, pos, end, trace)
+        except (DecodeError, IndexError, ValueError, OverflowError, MemoryError,
+                RecursionError, _struct_error) as ex:
+            return _decode_error(ex, trace, self.api, version, end)
+        return DecodeError(f"{type(first).__name__}: {first}", api=self.api, version=version)
+
+    def encode(self, value: Struct, version: int) -> bytes:
+        """Encode ``value`` at ``version``.
+
+        Raises:
+            EncodeError: a value of the wrong type or range, a null in a non-nullable
+                field, or a non-default value in a version without the field (unless
+                the field is ``ignorable``).
+        """
+        out = bytearray()
+        self.encode_into(value, version, out)
+        return bytes(out)
+
+    def encode_into(self, value: Struct, version: int, out: bytearray) -> None:
+        """Append the encoding of ``value`` at ``version`` to ``out``."""
+        try:
+            cv = self.compiled(version)
+        except KinspectError as e:
+            raise EncodeError(str(e)) from None
+        if not isinstance(value, self.cls):
+            raise EncodeError(f"expected a {self.spec.name}, got {type(value).__name__}")
+        start = len(out)
+        try:
+            cv.encode(value, out)
+            return
+        except Exception as ex:  # noqa: BLE001 - turned into EncodeError with a path below
+            del out[start:]
+            cv.traced(self.spec, version)
+            trace: list[tuple[str, int, str]] = []
+            scratch = bytearray()
+            try:
+                cv.encode_traced(value, scratch, trace)
+            except Exception as ex2:  # noqa: BLE001
+                path = _path(trace)
+                reason = ex2.reason if isinstance(ex2, EncodeError) else f"{type(ex2).__name__}: {ex2}"
+                raise EncodeError(reason, f"{self.spec.name}.{path}" if path else self.spec.name) \
+                    from None
+            raise EncodeError(f"{type(ex).__name__}: {ex}", self.spec.name) from None
+
+    def __repr__(self) -> str:
+        return f"MessageCodec({self.spec.name})"
+
+
+from struct import error as _struct_error  # noqa: E402
+
+
+def _path(trace: list[tuple[str, int, str]]) -> str:
+    out = ""
+    for name, _, _ in trace:
+        if name.startswith("["):
+            out += name
+        else:
+            out += ("." if out else "") + name
+    return out
+
+
+def _decode_error(ex: BaseException, trace: list, api: str, version: int, end: int) -> DecodeError:
+    path = _path(trace) or None
+    offset = trace[-1][1] if trace else None
+    expected = trace[-1][2] if trace else None
+    if isinstance(ex, DecodeError):
+        if ex.offset is not None:
+            offset = ex.offset
+        reason = ex.reason
+        expected = ex.expected or expected
+    elif isinstance(ex, UnicodeDecodeError):
+        reason = f"invalid UTF-8: {ex.reason}"
+    elif isinstance(ex, (IndexError, _struct_error)):
+        left = end - offset if offset is not None else None
+        reason = "truncated" + (f": {max(left, 0)} bytes left" if left is not None else "")
+    else:
+        reason = f"{type(ex).__name__}: {ex}"
+    return DecodeError(reason, offset=offset, expected=expected, path=path, api=api,
+                       version=version)
+
+
+class SpecRegistry:
+    """All loaded message specs, indexed by name and api key.
+
+    Attributes:
+        sources: the search path it was loaded from.
+        messages: name → :class:`MessageSpec`.
+    """
+
+    def __init__(self, sources: list[SpecSource] | None = None):
+        self.sources: list[SpecSource] = list(sources or [])
+        self.messages: dict[str, MessageSpec] = {}
+        self._requests: dict[int, MessageSpec] = {}
+        self._responses: dict[int, MessageSpec] = {}
+        self._codecs: dict[str, MessageCodec] = {}
+        self.shadowed: list[tuple[str, str]] = []
+        for src in self.sources:
+            for name, text in _iter_spec_files(src):
+                self.add_text(text, name)
+
+    @classmethod
+    def load(cls, paths: Iterable[str] = (), **kw: Any) -> "SpecRegistry":
+        """Load the search path (see :func:`search_path` for keyword arguments).
+
+        Raises:
+            SpecError: an invalid spec (naming the file and the field), or a bad path.
+        """
+        return cls(search_path(paths, **kw))
+
+    def add_text(self, text: str, source: str) -> MessageSpec | None:
+        """Parse one spec file's text and add it unless a message of that name is
+        already loaded (earlier sources win). Returns the spec added, or ``None``."""
+        try:
+            doc = json5.loads(text)
+        except ValueError as e:
+            raise SpecError(f"not valid JSON: {e}", source) from None
+        spec = parse_message_spec(doc, source)
+        return self.add(spec)
+
+    def add(self, spec: MessageSpec) -> MessageSpec | None:
+        if spec.name in self.messages:
+            self.shadowed.append((spec.name, spec.source))
+            return None
+        self.messages[spec.name] = spec
+        if spec.type == "request":
+            self._requests.setdefault(spec.api_key, spec)
+        elif spec.type == "response":
+            self._responses.setdefault(spec.api_key, spec)
+        return spec
+
+    # -- lookups -----------------------------------------------------------------
+    def request(self, api_key: int) -> MessageSpec | None:
+        return self._requests.get(api_key)
+
+    def response(self, api_key: int) -> MessageSpec | None:
+        return self._responses.get(api_key)
+
+    def api_keys(self) -> list[int]:
+        return sorted(set(self._requests) | set(self._responses))
+
+    def api_name(self, api_key: int) -> str:
+        """``"Metadata"`` for 3; ``"ApiKey(99)"`` when no spec defines the key."""
+        spec = self._requests.get(api_key) or self._responses.get(api_key)
+        if spec is None:
+            return f"ApiKey({api_key})"
+        name = spec.name
+        for suffix in ("Request", "Response"):
+            if name.endswith(suffix):
+                return name[: -len(suffix)]
+        return name
+
+    def api_key(self, name: str) -> int:
+        """The api key of an api name (``"Metadata"``, ``"MetadataRequest"``, or a number).
+
+        Raises:
+            KeyError: unknown name.
+        """
+        if isinstance(name, int) or str(name).isdigit():
+            return int(name)
+        lname = str(name).lower()
+        for key, spec in self._requests.items():
+            n = spec.name.lower()
+            if lname in (n, n.removesuffix("request")):
+                return key
+        raise KeyError(name)
+
+    def codec(self, name_or_spec: str | MessageSpec) -> MessageCodec:
+        spec = self.messages[name_or_spec] if isinstance(name_or_spec, str) else name_or_spec
+        c = self._codecs.get(spec.name)
+        if c is None:
+            c = self._codecs[spec.name] = MessageCodec(spec)
+        return c
+
+    def header(self, name: str) -> MessageCodec:
+        """The codec of ``"RequestHeader"`` or ``"ResponseHeader"``.
+
+        Raises:
+            KinspectError: no loaded source defines it.
+        """
+        if name not in self.messages:
+            raise KinspectError(f"no spec defines {name}; sources: "
+                                f"{', '.join(s.path for s in self.sources) or 'none'}")
+        return self.codec(name)
+
+    def __repr__(self) -> str:
+        return f"SpecRegistry({len(self.messages)} messages from {len(self.sources)} sources)"
+
+
+_DEFAULT: dict[tuple, SpecRegistry] = {}
+
+
+def default_registry(paths: Iterable[str] = ()) -> SpecRegistry:
+    """A cached registry for the default search path plus ``paths``."""
+    key = (tuple(paths), os.environ.get(ENV_VAR, ""))
+    reg = _DEFAULT.get(key)
+    if reg is None:
+        reg = _DEFAULT[key] = SpecRegistry.load(key[0])
+    return reg

@@ -1,0 +1,237 @@
+"""Decoded values: one Python class per spec struct.
+
+Instances expose the spec's field names as attributes and keys (``topic.Name``,
+``topic["Name"]``), compare by value, print readably, and convert to and from
+plain JSON-able dicts. Unknown tagged fields (KIP-482) a decoder met are kept,
+in wire order, in :attr:`Struct.unknown_tags` as ``{tag: bytes}``.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Iterator
+
+from .errors import EncodeError
+from .spec import FieldSpec, StructSpec, uuid_from_text, uuid_to_text
+
+_UNSET = object()
+
+
+class Struct:
+    """Base class of every decoded struct and message.
+
+    Subclasses are generated from a :class:`~kinspect.codec.spec.StructSpec`
+    (see :func:`struct_class`); their ``__slots__`` are the spec's field names.
+    """
+
+    __slots__ = ("_unknown", "_present")
+    _spec: StructSpec
+    _fields: tuple[str, ...] = ()
+
+    def __init__(self, **values: Any):
+        spec_fields = self._spec.fields
+        for f in spec_fields:
+            v = values.pop(f.name, _UNSET)
+            object.__setattr__(self, f.name, f.fresh_default() if v is _UNSET else v)
+        unknown = values.pop("unknown_tags", None)
+        if values:
+            raise TypeError(f"{type(self).__name__} has no field(s) {', '.join(values)}")
+        self._unknown = dict(unknown) if unknown else None
+        self._present = None
+
+    @classmethod
+    def defaults(cls) -> "Struct":
+        """A new instance with every field at its default."""
+        return cls()
+
+    # -- mapping-style access --------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        if name in self._fields:
+            return getattr(self, name)
+        raise KeyError(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        if name not in self._fields:
+            raise KeyError(name)
+        setattr(self, name, value)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._fields
+
+    def keys(self) -> tuple[str, ...]:
+        return self._fields
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        for n in self._fields:
+            yield n, getattr(self, n)
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return getattr(self, name) if name in self._fields else default
+
+    @property
+    def unknown_tags(self) -> dict[int, bytes]:
+        """Unknown tagged fields as ``{tag: raw bytes}`` (a live dict; empty if none)."""
+        if self._unknown is None:
+            self._unknown = {}
+        return self._unknown
+
+    @unknown_tags.setter
+    def unknown_tags(self, value: dict[int, bytes] | None) -> None:
+        self._unknown = dict(value) if value else None
+
+    # -- value semantics -------------------------------------------------------
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        for n in self._fields:
+            if getattr(self, n) != getattr(other, n):
+                return False
+        return (self._unknown or None) == (other._unknown or None)  # type: ignore[attr-defined]
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        parts = [f"{n}={getattr(self, n)!r}" for n in self._fields]
+        if self._unknown:
+            parts.append(f"unknown_tags={self._unknown!r}")
+        return f"{type(self).__name__}({', '.join(parts)})"
+
+    def copy(self) -> "Struct":
+        """A deep copy (lists and nested structs are copied)."""
+        new = object.__new__(type(self))
+        for n in self._fields:
+            object.__setattr__(new, n, _copy_value(getattr(self, n)))
+        new._unknown = dict(self._unknown) if self._unknown else None
+        new._present = getattr(self, "_present", None)
+        return new
+
+    # -- plain dicts -----------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict keyed by spec field names.
+
+        bytes and records become base64 strings, uuids Kafka's text form (URL-safe
+        base64), nested structs dicts; unknown tagged fields appear under
+        ``"_unknown_tags"`` as ``{"tag": "hex"}``. :meth:`from_dict` reverses it.
+        """
+        out: dict[str, Any] = {}
+        for f in self._spec.fields:
+            out[f.name] = _to_plain(f, getattr(self, f.name))
+        if self._unknown:
+            out["_unknown_tags"] = {str(t): bytes(b).hex() for t, b in self._unknown.items()}
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Struct":
+        """Build an instance from :meth:`to_dict`'s shape; missing fields take defaults.
+
+        Raises:
+            EncodeError: on unknown keys or values of the wrong shape.
+        """
+        if not isinstance(data, dict):
+            raise EncodeError(f"expected an object for {cls.__name__}, got {type(data).__name__}")
+        obj = cls()
+        known = set(cls._fields)
+        for key, val in data.items():
+            if key == "_unknown_tags":
+                obj._unknown = {int(t): bytes.fromhex(h) for t, h in (val or {}).items()} or None
+                continue
+            if key not in known:
+                raise EncodeError(f"{cls.__name__} has no field {key!r}")
+            f = cls._spec.field(key)
+            setattr(obj, key, _from_plain(f, val, f"{cls.__name__}.{key}"))
+        return obj
+
+
+def _copy_value(v: Any) -> Any:
+    if isinstance(v, Struct):
+        return v.copy()
+    if isinstance(v, list):
+        return [_copy_value(x) for x in v]
+    return v
+
+
+def _prim_to_plain(t: str, v: Any) -> Any:
+    if v is None:
+        return None
+    if t in ("bytes", "records"):
+        return base64.b64encode(bytes(v)).decode("ascii")
+    if t == "uuid":
+        return uuid_to_text(v)
+    return v
+
+
+def _to_plain(f: FieldSpec, v: Any) -> Any:
+    if v is None:
+        return None
+    if f.struct is not None:
+        if f.is_array:
+            return [x.to_dict() for x in v]
+        return v.to_dict()
+    if f.is_array:
+        t = f.element_type
+        return [_prim_to_plain(t, x) for x in v]
+    return _prim_to_plain(f.type, v)
+
+
+def _prim_from_plain(t: str, v: Any, where: str) -> Any:
+    if v is None:
+        return None
+    try:
+        if t in ("bytes", "records"):
+            if isinstance(v, (bytes, bytearray, memoryview)):
+                return bytes(v)
+            return base64.b64decode(v, validate=True)
+        if t == "uuid":
+            if isinstance(v, (bytes, bytearray)) and len(v) == 16:
+                return bytes(v)
+            if isinstance(v, str) and len(v) == 36:
+                import uuid as _uuid
+                return _uuid.UUID(v).bytes
+            return uuid_from_text(v)
+        if t == "float64":
+            return float(v)
+        if t == "bool":
+            if not isinstance(v, bool):
+                raise ValueError("expected a boolean")
+            return v
+        if t == "string":
+            if not isinstance(v, str):
+                raise ValueError("expected a string")
+            return v
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError("expected an integer")
+        return v
+    except (ValueError, TypeError) as e:
+        raise EncodeError(f"bad {t} value {v!r}: {e}", where) from None
+
+
+def _from_plain(f: FieldSpec, v: Any, where: str) -> Any:
+    if v is None:
+        return None
+    if f.struct is not None:
+        cls = f.struct.cls
+        if f.is_array:
+            if not isinstance(v, list):
+                raise EncodeError("expected a list", where)
+            return [cls.from_dict(x) for x in v]
+        return cls.from_dict(v)
+    if f.is_array:
+        if not isinstance(v, list):
+            raise EncodeError("expected a list", where)
+        return [_prim_from_plain(f.element_type, x, where) for x in v]
+    return _prim_from_plain(f.type, v, where)
+
+
+def struct_class(spec: StructSpec) -> type[Struct]:
+    """The value class of a struct spec, created once and cached on the spec."""
+    if spec.cls is not None:
+        return spec.cls
+    names = tuple(f.name for f in spec.fields)
+    cls = type(spec.name, (Struct,), {"__slots__": names, "_fields": names, "_spec": spec,
+                                      "__module__": "kinspect.codec.messages"})
+    spec.cls = cls
+    for f in spec.fields:
+        if f.struct is not None:
+            struct_class(f.struct)
+    return cls
+
