@@ -15,7 +15,13 @@ DEFAULT_MAX_FRAME = 100 * 1024 * 1024
 
 
 class FrameSizeError(DecodeError):
-    """A size prefix that is negative or larger than the configured maximum."""
+    """A size prefix that is negative or larger than the configured maximum.
+
+    Attributes:
+        frames: whole frames that preceded the bad prefix in the same feed.
+    """
+
+    frames: list[bytes] = []
 
 
 class FrameSplitter:
@@ -64,7 +70,7 @@ class FrameSplitter:
             end = len(mv)
             while end - pos >= 4:
                 (size,) = _SIZE.unpack_from(mv, pos)
-                self._check(size, pos)
+                self._check(size, pos, frames)
                 if end - pos - 4 < size:
                     break
                 frames.append(bytes(mv[pos + 4: pos + 4 + size]))
@@ -82,7 +88,7 @@ class FrameSplitter:
         end = len(buf)
         while end - pos >= 4:
             (size,) = _SIZE.unpack_from(buf, pos)
-            self._check(size, pos)
+            self._check(size, pos, frames)
             if end - pos - 4 < size:
                 break
             frames.append(bytes(buf[pos + 4: pos + 4 + size]))
@@ -93,11 +99,13 @@ class FrameSplitter:
         self._need = _SIZE.unpack_from(buf, 0)[0] if len(buf) >= 4 else -1
         return frames
 
-    def _check(self, size: int, pos: int) -> None:
+    def _check(self, size: int, pos: int, frames: list[bytes]) -> None:
         if size < 0 or size > self.max_frame:
-            raise FrameSizeError(
+            err = FrameSizeError(
                 f"frame size {size} outside 0..{self.max_frame}",
                 offset=self.consumed + pos, expected="int32 frame size")
+            err.frames = frames
+            raise err
 
 
 def frame(payload: bytes) -> bytes:

@@ -205,8 +205,60 @@ class MessageCodec:
                     from None
             raise EncodeError(f"{type(ex).__name__}: {ex}", self.spec.name) from None
 
+    def peek_field(self, buf: bytes, version: int, pos: int, name: str) -> Any:
+        """Read one top-level field without decoding the whole message: only the
+        fields before it are skipped, which must be fixed-width, strings or bytes.
+
+        Used on the forwarding path (e.g. Produce ``Acks``).
+
+        Raises:
+            DecodeError: malformed input; KeyError: no such field in ``version``.
+        """
+        flexible = self.spec.is_flexible(version)
+        for f in self.spec.fields:
+            if not f.versions.contains(version) or f.tagged_in(version):
+                continue
+            compact = (f.flexible_versions.contains(version) if f.flexible_versions is not None
+                       else flexible)
+            if f.name == name:
+                obj, _ = _peek_one(buf, pos, f, compact, version)
+                return obj
+            _, pos = _peek_one(buf, pos, f, compact, version)
+        raise KeyError(f"{self.spec.name} v{version} has no top-level field {name}")
+
     def __repr__(self) -> str:
         return f"MessageCodec({self.spec.name})"
+
+
+def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int) -> tuple[Any, int]:
+    from .compiler import FIXED, read_uvarint
+    import struct as _st
+
+    try:
+        if f.type in FIXED and not f.is_array and f.encoding_in(version) == "fixed":
+            code, size = FIXED[f.type]
+            return _st.unpack_from(">" + code, buf, pos)[0], pos + size
+        if f.type in ("string", "bytes", "records") and not f.is_array:
+            if compact:
+                n, pos = read_uvarint(buf, pos)
+                n -= 1
+            elif f.type == "string":
+                n = _st.unpack_from(">h", buf, pos)[0]
+                pos += 2
+            else:
+                n = _st.unpack_from(">i", buf, pos)[0]
+                pos += 4
+            if n < 0:
+                return None, pos
+            if pos + n > len(buf):
+                raise DecodeError(f"{f.type} length {n} exceeds the bytes left", offset=pos,
+                                  expected=f.type, path=f.name)
+            raw = buf[pos:pos + n]
+            return (str(raw, "utf-8") if f.type == "string" else raw), pos + n
+    except _struct_error:
+        raise DecodeError("truncated", offset=pos, expected=f.type, path=f.name) from None
+    raise DecodeError(f"cannot peek past field {f.name} of type {f.type}", offset=pos,
+                      path=f.name)
 
 
 from struct import error as _struct_error  # noqa: E402

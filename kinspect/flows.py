@@ -1,0 +1,121 @@
+"""Flows: plain data describing what crossed the proxy.
+
+A :class:`Flow` is one request frame and the response frame that answered it (or
+none, for acks=0 Produce), with timestamps, the decoded views and flags. Flows
+know nothing of sockets; the live view, captures and replay consume them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: flag names
+UNDECODED = "undecoded"        # a frame kinspect could not decode (forwarded unchanged)
+UNPAIRED = "unpaired"          # a response with no matching request
+NO_RESPONSE = "no-response"    # a request that expects no response (acks=0 Produce)
+REWRITTEN = "rewritten"        # broker addresses in the response were rewritten
+SASL_TOKEN = "sasl"            # raw SASL token frames after SaslHandshake v0
+MUTATED = "mutated"            # a rule changed the frame
+SKIPPED = "decode-skipped"     # decoding was skipped under load (frames still forwarded)
+CLOSED = "closed"              # the connection closed before the response came
+
+
+class Flow:
+    """One request/response exchange on one connection.
+
+    Attributes:
+        id: sequence number, unique within a proxy run (1-based).
+        conn: connection id (1-based).
+        client, upstream: ``"host:port"`` of the client and of the broker.
+        api_key, api_version, correlation_id, client_id: from the request header
+            (``api_key`` is -1 for raw SASL tokens).
+        api_name: ``"Metadata"``, ``"ApiKey(99)"`` when no spec knows the key, or
+            ``"SaslToken"``.
+        request, response: frames without the size prefix, as received.
+        response_sent: the bytes sent to the client when they differ from
+            ``response`` (address rewriting), else ``None``.
+        request_sent: likewise for a mutated request.
+        request_ns, response_ns: ``time.time_ns()`` when each frame was complete.
+        request_decoded, response_decoded: :class:`~kinspect.codec.Request` /
+            :class:`~kinspect.codec.Response`, once decoded.
+        error: the decode error text, if any.
+        error_code: the response's top-level ErrorCode (``None`` if it has none).
+        flags: set of flag names (module constants).
+    """
+
+    __slots__ = ("id", "conn", "client", "upstream", "api_key", "api_version", "correlation_id",
+                 "client_id", "api_name", "request", "response", "request_sent", "response_sent",
+                 "request_ns", "response_ns", "request_decoded", "response_decoded", "error",
+                 "error_code", "flags", "notes")
+
+    def __init__(self, id: int, conn: int, client: str, upstream: str, api_key: int,
+                 api_version: int, correlation_id: int, api_name: str, request: bytes,
+                 request_ns: int):
+        self.id = id
+        self.conn = conn
+        self.client = client
+        self.upstream = upstream
+        self.api_key = api_key
+        self.api_version = api_version
+        self.correlation_id = correlation_id
+        self.client_id: str | None = None
+        self.api_name = api_name
+        self.request = request
+        self.response: bytes | None = None
+        self.request_sent: bytes | None = None
+        self.response_sent: bytes | None = None
+        self.request_ns = request_ns
+        self.response_ns: int | None = None
+        self.request_decoded: Any = None
+        self.response_decoded: Any = None
+        self.error: str | None = None
+        self.error_code: int | None = None
+        self.flags: set[str] = set()
+        self.notes: list[str] = []
+
+    @property
+    def latency_ns(self) -> int | None:
+        if self.response_ns is None:
+            return None
+        return self.response_ns - self.request_ns
+
+    @property
+    def complete(self) -> bool:
+        return self.response is not None or NO_RESPONSE in self.flags or CLOSED in self.flags
+
+    def __repr__(self) -> str:
+        return (f"Flow(#{self.id} conn={self.conn} {self.api_name} v{self.api_version} "
+                f"corr={self.correlation_id} flags={sorted(self.flags)})")
+
+
+def top_level_error_code(body: Any) -> int | None:
+    """The ``ErrorCode`` field of a decoded response body, or ``None``.
+
+    When the top level has none, the first non-zero ``ErrorCode`` one level down
+    (per topic or per partition) is returned, else 0 if such fields exist.
+    """
+    if body is None:
+        return None
+    code = body.get("ErrorCode")
+    if code is not None:
+        return code
+    found = None
+    stack = [body]
+    depth = 0
+    while stack and depth < 3:
+        nxt = []
+        for s in stack:
+            for name in s.keys():
+                v = getattr(s, name)
+                if isinstance(v, list):
+                    for x in v:
+                        if hasattr(x, "_fields"):
+                            c = x.get("ErrorCode")
+                            if c:
+                                return c
+                            if c is not None:
+                                found = 0
+                            nxt.append(x)
+        stack = nxt
+        depth += 1
+    return found

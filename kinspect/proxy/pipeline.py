@@ -1,0 +1,176 @@
+"""After forwarding: decode flows, feed captures and the live view.
+
+The proxy hands every request and every completed flow to a :class:`Pipeline`
+right after forwarding the bytes. The pipeline works through them on the event
+loop in slices of bounded time, so forwarding never waits for it. When more than
+``max_backlog`` flows wait, new flows are passed on undecoded (flag
+``decode-skipped``, counted in ``Stats.decode_skipped``); frames are never dropped.
+
+Addons are plain objects with any of these methods (mitmproxy-style hooks):
+``on_connect(conn)``, ``on_request(flow)``, ``on_flow(flow)``,
+``on_disconnect(conn)``, ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from ..codec import Codec, DecodeError
+from ..flows import SKIPPED, UNDECODED, Flow, top_level_error_code
+
+log = logging.getLogger("kinspect.pipeline")
+
+_REQ, _FLOW, _CONN, _DISC = range(4)
+
+
+def decode_flow(codec: Codec, flow: Flow) -> None:
+    """Decode a flow's request and response in place (``request_decoded``,
+    ``response_decoded``, ``client_id``, ``error_code``); a failure sets the
+    ``undecoded`` flag and ``error`` instead of raising."""
+    errors = []
+    if flow.api_key >= 0 and flow.request_decoded is None and flow.request:
+        try:
+            flow.request_decoded = codec.decode_request(flow.request)
+        except DecodeError as e:
+            errors.append(f"request: {e}")
+            try:
+                flow.request_decoded = codec.decode_request(flow.request, body=False)
+            except DecodeError:
+                pass
+        if flow.request_decoded is not None:
+            flow.client_id = flow.request_decoded.client_id
+    if flow.api_key >= 0 and flow.response is not None and flow.response_decoded is None:
+        try:
+            flow.response_decoded = codec.decode_response(flow.response, flow.api_key,
+                                                          flow.api_version)
+        except DecodeError as e:
+            errors.append(f"response: {e}")
+    if flow.response_decoded is not None:
+        flow.error_code = top_level_error_code(flow.response_decoded.body)
+    if errors:
+        flow.flags.add(UNDECODED)
+        flow.error = "; ".join(([flow.error] if flow.error else []) + errors)
+
+
+class Pipeline:
+    """Post-forwarding work queue.
+
+    Args:
+        codec: used to decode flows.
+        addons: hook objects (see the module docstring).
+        decode: decode flows at all.
+        max_backlog: flows waiting beyond which decoding is skipped.
+        slice_seconds: longest stretch of work before yielding to the event loop.
+    """
+
+    def __init__(self, codec: Codec, addons: list[Any] | None = None, *, decode: bool = True,
+                 max_backlog: int = 10000, slice_seconds: float = 0.005):
+        self.codec = codec
+        self.addons = list(addons or [])
+        self.decode = decode
+        self.max_backlog = max_backlog
+        self.slice_seconds = slice_seconds
+        self.proxy: Any = None
+        self._q: deque = deque()
+        self._scheduled = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiting_flows = 0
+        self._idle = asyncio.Event()
+
+    def attach(self, proxy: Any) -> None:
+        self.proxy = proxy
+
+    def add(self, addon: Any) -> None:
+        self.addons.append(addon)
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._idle.set()
+
+    # -- events from the proxy (hot path: append and schedule only) -------------
+    def _push(self, item: tuple) -> None:
+        self._q.append(item)
+        if not self._scheduled:
+            self._scheduled = True
+            self._idle.clear()
+            (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
+
+    def request(self, flow: Flow) -> None:
+        self._push((_REQ, flow))
+
+    def complete(self, flow: Flow) -> None:
+        if self._waiting_flows >= self.max_backlog:
+            flow.flags.add(SKIPPED)
+            if self.proxy is not None:
+                self.proxy.stats.decode_skipped += 1
+        self._waiting_flows += 1
+        self._push((_FLOW, flow))
+
+    def connected(self, conn: Any) -> None:
+        self._push((_CONN, conn))
+
+    def disconnected(self, conn: Any, ts: int) -> None:
+        self._push((_DISC, conn))
+
+    # -- work ------------------------------------------------------------------
+    def _drain(self) -> None:
+        deadline = time.perf_counter() + self.slice_seconds
+        q = self._q
+        while q:
+            kind, obj = q.popleft()
+            try:
+                if kind == _FLOW:
+                    self._waiting_flows -= 1
+                    self._flow(obj)
+                elif kind == _REQ:
+                    self._call("on_request", obj)
+                elif kind == _CONN:
+                    self._call("on_connect", obj)
+                else:
+                    self._call("on_disconnect", obj)
+            except Exception:  # noqa: BLE001 - an addon bug must not stop the pipeline
+                log.exception("pipeline: error while handling an event")
+            if time.perf_counter() > deadline:
+                break
+        if q:
+            (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
+        else:
+            self._scheduled = False
+            self._idle.set()
+
+    def _flow(self, flow: Flow) -> None:
+        if self.decode and SKIPPED not in flow.flags:
+            decode_flow(self.codec, flow)
+        if self.proxy is not None:
+            self.proxy.stats.flows += 1
+            if UNDECODED in flow.flags:
+                self.proxy.stats.undecoded += 1
+        self._call("on_flow", flow)
+
+    def _call(self, hook: str, arg: Any) -> None:
+        for a in self.addons:
+            fn = getattr(a, hook, None)
+            if fn is not None:
+                fn(arg)
+
+    async def drained(self) -> None:
+        """Wait until every queued event has been handled."""
+        while self._q or self._scheduled:
+            self._idle.clear()
+            if not self._scheduled:
+                self._drain()
+                continue
+            await self._idle.wait()
+
+    async def close(self) -> None:
+        await self.drained()
+        for a in self.addons:
+            fn = getattr(a, "close", None)
+            if fn is not None:
+                res = fn()
+                if asyncio.iscoroutine(res):
+                    await res
