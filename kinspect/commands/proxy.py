@@ -1,0 +1,222 @@
+"""``kinspect proxy`` and ``kinspect demo``: the main job."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+import threading
+from typing import Any
+
+from . import add_spec_options, make_codec
+
+log = logging.getLogger("kinspect")
+
+
+def _add_view_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-tui", action="store_true",
+                   help="print one line per flow instead of the live table (the default "
+                        "when stdout is not a terminal)")
+    p.add_argument("--no-decode", action="store_true",
+                   help="forward and count only; do not decode bodies")
+    p.add_argument("--filter", metavar="EXPR", default=None,
+                   help="show only flows matching a filter expression, e.g. '~api Produce | ~err'")
+    p.add_argument("--max-frame", type=int, default=100 * 1024 * 1024, metavar="BYTES",
+                   help="largest frame accepted (default 100 MiB, like socket.request.max.bytes)")
+    p.add_argument("--advertise-host", default=None, metavar="HOST",
+                   help="host written into rewritten broker addresses (default: the listen "
+                        "host, or 127.0.0.1 for a wildcard listen address)")
+    p.add_argument("--no-rewrite", action="store_true",
+                   help="do not rewrite broker addresses (clients may then bypass the proxy)")
+    add_spec_options(p)
+    _optional_options(p)
+
+
+def _optional_options(p: argparse.ArgumentParser) -> None:
+    try:  # TEMP until capture.py and rules.py land
+        from ..capture import add_capture_options
+        add_capture_options(p)
+    except ImportError:
+        pass
+    try:
+        from ..proxy.rules import add_rules_options
+        add_rules_options(p)
+    except ImportError:
+        pass
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("proxy", help="run the proxy between Kafka clients and a broker",
+                       description="Forward Kafka traffic between clients and brokers, "
+                                   "decode every request and response, show them live.")
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT",
+                   help="bootstrap broker to forward to")
+    p.add_argument("--listen", default="127.0.0.1:19092", metavar="HOST:PORT",
+                   help="where clients connect (default 127.0.0.1:19092); further brokers "
+                        "get the following ports (port-per-broker)")
+    _add_view_options(p)
+    p.set_defaults(func=run_proxy)
+
+    d = sub.add_parser("demo", help="start a local Tansu broker, the proxy and a real client "
+                                    "workload, and show the flows live",
+                       description="The embedded default: a bundled Tansu broker (memory "
+                                   "storage, free loopback port), the proxy in front of it and "
+                                   "a kafka-python workload (create a topic, produce, consume "
+                                   "in a group) through it. Stops everything on exit.")
+    d.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+                   help="proxy listen address (default: a free loopback port)")
+    d.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                   help="stop after this long (default: run until Ctrl-C)")
+    d.add_argument("--rounds", type=int, default=None, metavar="N",
+                   help="stop after N produce/consume rounds")
+    d.add_argument("--messages", type=int, default=10, metavar="N",
+                   help="messages per round (default 10)")
+    d.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+                   help="pause between rounds (default 1 s)")
+    _add_view_options(d)
+    d.set_defaults(func=run_demo)
+
+
+def _build(args: argparse.Namespace, upstream: tuple[str, int], listen: tuple[str, int]):
+    from ..proxy.pipeline import Pipeline
+    from ..proxy.server import Proxy, ProxyConfig
+
+    codec = make_codec(args)
+    config = ProxyConfig(upstream=upstream, listen=listen, advertise_host=args.advertise_host,
+                         rewrite=not args.no_rewrite, max_frame=args.max_frame)
+    pipeline = Pipeline(codec, decode=not args.no_decode)
+    proxy = Proxy(config, codec, pipeline)
+    return proxy, codec
+
+
+def _view(args: argparse.Namespace, proxy: Any, title: str):
+    from ..tui import LinePrinter, LiveView
+
+    match = None
+    if args.filter:
+        from ..filters import parse
+
+        match = parse(args.filter).matches
+    if args.no_tui or not sys.stdout.isatty():
+        return LinePrinter(match=match)
+    return LiveView(proxy, match=match, title=title)
+
+
+async def _serve(args: argparse.Namespace, proxy: Any, title: str,
+                 stop: asyncio.Event, started: "asyncio.Future | None" = None) -> None:
+    codec = proxy.codec
+    try:  # TEMP until capture.py and rules.py land
+        from ..capture import capture_addon_from_args
+        capture = capture_addon_from_args(args, proxy.config, codec)
+        if capture is not None:
+            proxy.pipeline.add(capture)
+    except ImportError:
+        pass
+    try:
+        from ..proxy.rules import install_rules
+        install_rules(args, proxy, codec, log)
+    except ImportError:
+        pass
+    view = _view(args, proxy, title)
+    proxy.pipeline.add(view)
+    await proxy.start()
+    if not hasattr(view, "start"):
+        print("kinspect: listening on %s:%d, forwarding to %s:%d" % (*proxy.address,
+              *proxy.config.upstream), file=sys.stderr, flush=True)
+    else:
+        view.start()
+    if started is not None and not started.done():
+        started.set_result(proxy.address)
+    try:
+        await stop.wait()
+    finally:
+        await proxy.close()
+
+
+def _install_signals(stop: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
+            pass
+
+
+def run_proxy(args: argparse.Namespace) -> int:
+    from ..proxy.server import install_uvloop, parse_hostport
+
+    install_uvloop()
+    upstream = parse_hostport(args.upstream)
+    listen = parse_hostport(args.listen)
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        _install_signals(stop)
+        proxy, _ = _build(args, upstream, listen)
+        await _serve(args, proxy, "kinspect proxy", stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    from ..brokers import TansuBroker
+    from ..proxy.server import install_uvloop, parse_hostport
+    from ..workload import run_forever, run_workload
+
+    install_uvloop()
+    listen = parse_hostport(args.listen)
+    print("kinspect demo: starting a Tansu broker (memory storage) on a free loopback port…",
+          file=sys.stderr, flush=True)
+    with TansuBroker() as broker:
+        host, port = broker.bootstrap.rsplit(":", 1)
+
+        async def main() -> None:
+            stop = asyncio.Event()  # Ctrl-C, --duration or --rounds done
+            proxy_stop = asyncio.Event()  # set once the workload has finished
+            _install_signals(stop)
+            proxy, _ = _build(args, (host, int(port)), listen)
+            started: asyncio.Future = asyncio.get_running_loop().create_future()
+            server = asyncio.create_task(_serve(args, proxy, "kinspect demo", proxy_stop,
+                                                started))
+            done, _ = await asyncio.wait({server, started}, return_when=asyncio.FIRST_COMPLETED)
+            if server in done:
+                server.result()
+                return
+            bootstrap = "%s:%d" % started.result()
+            stop_workload = threading.Event()
+            loop = asyncio.get_running_loop()
+
+            def work() -> Any:
+                if args.rounds is not None:
+                    result = None
+                    for _ in range(args.rounds):
+                        if stop_workload.is_set():
+                            break
+                        result = run_workload(bootstrap, messages=args.messages,
+                                              stop_event=stop_workload)
+                    return result
+                return run_forever(bootstrap, stop_workload, messages=args.messages,
+                                   interval=args.interval)
+
+            worker = loop.run_in_executor(None, work)
+            if args.duration is not None:
+                loop.call_later(args.duration, stop.set)
+            worker.add_done_callback(lambda _: args.rounds is not None and stop.set())
+            await stop.wait()
+            stop_workload.set()
+            try:
+                result = await asyncio.wait_for(worker, 30)
+            except Exception as e:  # noqa: BLE001 - reported, then shut down cleanly
+                print(f"kinspect demo: workload failed: {e}", file=sys.stderr)
+                result = None
+            proxy_stop.set()
+            await server
+            if result is not None:
+                print(f"kinspect demo: {result}", file=sys.stderr)
+
+        asyncio.run(main())
+    print("kinspect demo: broker stopped.", file=sys.stderr)
+    return 0
