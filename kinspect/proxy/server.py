@@ -19,23 +19,17 @@ import logging
 import socket
 import struct
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..codec import Codec, DecodeError, FrameSizeError, FrameSplitter, KinspectError
 from ..codec.frames import DEFAULT_MAX_FRAME
-from ..flows import (CLOSED, MUTATED, NO_RESPONSE, REWRITTEN, SASL_TOKEN, UNDECODED, UNPAIRED,
-                     Flow)
+from ..flows import MUTATED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
 from .rewrite import AddressRewriter
+from .tracker import FlowTracker
 
 log = logging.getLogger("kinspect.proxy")
 
-PRODUCE = 0
-SASL_HANDSHAKE = 17
-_HHI = struct.Struct(">hhi").unpack_from
-_I = struct.Struct(">i").unpack_from
-_H = struct.Struct(">h").unpack_from
 _SIZE = struct.Struct(">i").pack
 
 
@@ -270,22 +264,13 @@ class Proxy:
         self._next_flow += 1
         return self._next_flow
 
-    def produce_acks(self, frame: bytes, api_version: int) -> int | None:
-        """The Acks of a Produce request frame, or ``None`` if unreadable."""
-        try:
-            req = self.codec.decode_request(frame, body=False)
-            codec = self.codec.request_codec(PRODUCE)
-            return codec.peek_field(frame, api_version, req.body_offset, "Acks")
-        except (DecodeError, KeyError, Exception):  # noqa: BLE001 - forwarded regardless
-            return None
-
 
 class Connection:
     """One client connection and its upstream connection."""
 
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
-                 "req_split", "resp_split", "pending", "inflight", "sasl_raw", "closed",
-                 "_early", "client_paused", "up_paused", "opened", "__weakref__")
+                 "req_split", "resp_split", "tracker", "closed", "_early", "client_paused",
+                 "up_paused", "opened", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -298,14 +283,17 @@ class Connection:
         self.up_tr: asyncio.Transport | None = None
         self.req_split = FrameSplitter(proxy.config.max_frame)
         self.resp_split = FrameSplitter(proxy.config.max_frame)
-        self.pending: dict[int, Flow] = {}
-        self.inflight: deque[Flow] = deque()
-        self.sasl_raw = False
+        self.tracker = FlowTracker(proxy.codec, self.id, self.client, self.upstream_addr,
+                                   proxy.new_flow_id)
         self.closed = False
         self._early: list[bytes] = []
         self.client_paused = False
         self.up_paused = False
         self.opened = time.time_ns()
+
+    @property
+    def pending(self) -> dict[int, Flow]:
+        return self.tracker.pending
 
     # -- client -> broker --------------------------------------------------------
     def from_client(self, data: bytes) -> None:
@@ -327,8 +315,8 @@ class Connection:
             out = []
             for f in frames:
                 flow = self._request(f)
-                new = mutator(flow, f) if flow is not None else None
-                if new is not None and flow is not None:
+                new = mutator(flow, f)
+                if new is not None:
                     flow.request_sent = new
                     flow.flags.add(MUTATED)
                     f = new
@@ -341,42 +329,13 @@ class Connection:
         else:
             self.up_tr.writelines(out)
 
-    def _request(self, frame: bytes) -> Flow | None:
-        proxy = self.proxy
-        now = time.time_ns()
-        if len(frame) < 8:
-            flow = Flow(proxy.new_flow_id(), self.id, self.client, self.upstream_addr, -1, -1, -1,
-                        "Malformed", frame, now)
-            flow.flags.add(UNDECODED)
-            flow.flags.add(NO_RESPONSE)
-            flow.error = f"request frame of {len(frame)} bytes is shorter than a header"
-            proxy.pipeline.request(flow)
-            proxy.pipeline.complete(flow)
-            return None
-        api_key, api_version, corr = _HHI(frame, 0)
-        if self.sasl_raw:
-            if self._looks_like_request(api_key, api_version):
-                self.sasl_raw = False
-            else:
-                flow = Flow(proxy.new_flow_id(), self.id, self.client, self.upstream_addr, -1, -1,
-                            -1, "SaslToken", frame, now)
-                flow.flags.add(SASL_TOKEN)
-                self.inflight.append(flow)
-                proxy.pipeline.request(flow)
-                return None
-        flow = Flow(proxy.new_flow_id(), self.id, self.client, self.upstream_addr, api_key,
-                    api_version, corr, proxy.codec.api_name(api_key), frame, now)
-        proxy.pipeline.request(flow)
-        if api_key == PRODUCE and proxy.produce_acks(frame, api_version) == 0:
-            flow.flags.add(NO_RESPONSE)
-            proxy.pipeline.complete(flow)
-            return flow
-        self.pending[corr] = flow
-        self.inflight.append(flow)
+    def _request(self, frame: bytes) -> Flow:
+        flow = self.tracker.request(frame, time.time_ns())
+        pipeline = self.proxy.pipeline
+        pipeline.request(flow)
+        if NO_RESPONSE in flow.flags:
+            pipeline.complete(flow)
         return flow
-
-    def _looks_like_request(self, api_key: int, api_version: int) -> bool:
-        return self.proxy.codec.request_header_version(api_key, api_version) is not None
 
     # -- broker -> client --------------------------------------------------------
     def from_upstream(self, data: bytes) -> None:
@@ -384,8 +343,7 @@ class Connection:
         try:
             frames = self.resp_split.feed(data)
         except FrameSizeError as e:
-            out = [self._response(f) for f in e.frames]
-            self._send_frames(out)
+            self._send_frames([self._response(f) for f in e.frames])
             self.close(f"broker sent {e.reason}")
             return
         if frames:
@@ -402,39 +360,13 @@ class Connection:
 
     def _response(self, frame: bytes) -> bytes:
         proxy = self.proxy
-        now = time.time_ns()
-        inflight = self.inflight
-        if inflight and inflight[0].api_key == -1 and SASL_TOKEN in inflight[0].flags:
-            flow = inflight.popleft()
-        else:
-            corr = _I(frame, 0)[0] if len(frame) >= 4 else None
-            flow = self.pending.pop(corr, None) if corr is not None else None
-            if flow is None:
-                flow = Flow(proxy.new_flow_id(), self.id, self.client, self.upstream_addr, -1, -1,
-                            corr if corr is not None else -1, "Unpaired", b"", now)
-                flow.flags.add(UNPAIRED)
-                flow.response = frame
-                flow.response_ns = now
-                proxy.pipeline.complete(flow)
-                return frame
-            if inflight and inflight[0] is flow:
-                inflight.popleft()
-            else:
-                try:
-                    inflight.remove(flow)
-                except ValueError:
-                    pass
-        flow.response = frame
-        flow.response_ns = now
+        flow = self.tracker.response(frame, time.time_ns())
         sent = frame
-        api_key = flow.api_key
-        if api_key == SASL_HANDSHAKE and flow.api_version == 0 and len(frame) >= 6 \
-                and _H(frame, 4)[0] == 0:
-            self.sasl_raw = True
-        elif api_key >= 0 and proxy.rewrite_needed(api_key, flow.api_version):
+        if UNPAIRED not in flow.flags and flow.api_key >= 0 and \
+                proxy.rewrite_needed(flow.api_key, flow.api_version):
             sent = self._rewrite(flow, frame)
         mutator = proxy.response_mutator
-        if mutator is not None:
+        if mutator is not None and UNPAIRED not in flow.flags:
             new = mutator(flow, sent)
             if new is not None:
                 flow.response_sent = sent = new
@@ -488,12 +420,8 @@ class Connection:
             if tr is not None and not tr.is_closing():
                 tr.close()
         now = time.time_ns()
-        for flow in list(self.inflight):
-            flow.flags.add(CLOSED)
-            flow.response_ns = None
+        for flow in self.tracker.close():
             self.proxy.pipeline.complete(flow)
-        self.inflight.clear()
-        self.pending.clear()
         if self in self.proxy.connections:
             self.proxy.connections.discard(self)
             self.proxy.stats.connections_open -= 1
