@@ -100,13 +100,19 @@ class Listener:
         self.sock = sock
         self.host, self.port = sock.getsockname()[:2]
         self.server: asyncio.base_events.Server | None = None
+        self.closed = False
 
     async def start(self) -> None:
+        if self.closed:
+            return
         loop = asyncio.get_running_loop()
         self.server = await loop.create_server(
             lambda: _ClientSide(self.proxy, self), sock=self.sock)
+        if self.closed:  # closed while starting
+            self.server.close()
 
     def close(self) -> None:
+        self.closed = True
         if self.server is not None:
             self.server.close()
         else:
@@ -247,6 +253,22 @@ class Proxy:
     def map_address(self, node_id: int | None, host: str, port: int) -> tuple[str, int]:
         return self.advertised_host(), self.listener_for((host, port)).port
 
+    def rewrite_response(self, api_key: int, api_version: int,
+                         frame: bytes) -> tuple[bytes | None, Any]:
+        """Rewrite the broker addresses in a response frame to this proxy's listeners
+        (creating listeners for brokers seen for the first time).
+
+        Returns:
+            ``(new frame or None if nothing changed, the decoded response)``.
+        Raises:
+            DecodeError: the frame does not decode; EncodeError: it cannot be re-encoded.
+        """
+        resp = self.codec.decode_response(frame, api_key, api_version)
+        if not self.rewriter.rewrite(api_key, api_version, resp.body, self.map_address):
+            return None, resp
+        self.stats.rewritten += 1
+        return self.codec.encode_response(resp), resp
+
     def rewrite_needed(self, api_key: int, api_version: int) -> bool:
         key = (api_key, api_version)
         r = self._rw_cache.get(key)
@@ -377,26 +399,21 @@ class Connection:
     def _rewrite(self, flow: Flow, frame: bytes) -> bytes:
         proxy = self.proxy
         try:
-            resp = proxy.codec.decode_response(frame, flow.api_key, flow.api_version)
+            new, resp = proxy.rewrite_response(flow.api_key, flow.api_version, frame)
         except DecodeError as e:
             flow.flags.add(UNDECODED)
             flow.error = f"response: {e}"
             return frame
-        try:
-            changed = proxy.rewriter.rewrite(flow.api_key, flow.api_version, resp.body,
-                                             proxy.map_address)
-            if not changed:
-                flow.response_decoded = resp  # reuse: it equals the bytes on the wire
-                return frame
-            new = proxy.codec.encode_response(resp)
         except (KinspectError, OSError) as e:
             log.warning("conn %d: cannot rewrite %s v%d response, forwarded unchanged: %s",
                         self.id, flow.api_name, flow.api_version, e)
             flow.notes.append(f"rewrite failed: {e}")
             return frame
+        if new is None:
+            flow.response_decoded = resp  # reuse: it equals the bytes on the wire
+            return frame
         flow.response_sent = new
         flow.flags.add(REWRITTEN)
-        proxy.stats.rewritten += 1
         return new
 
     # -- lifecycle ---------------------------------------------------------------

@@ -39,7 +39,7 @@ class FlowTracker:
     """
 
     __slots__ = ("codec", "conn", "client", "upstream", "next_flow_id", "pending", "inflight",
-                 "sasl_raw", "_acks_cache")
+                 "sasl_raw", "acks0")
 
     def __init__(self, codec: Codec, conn: int, client: str, upstream: str,
                  next_flow_id: Callable[[], int]):
@@ -53,6 +53,8 @@ class FlowTracker:
         #: flows awaiting a response, in request order (raw SASL tokens included)
         self.inflight: deque[Flow] = deque()
         self.sasl_raw = False
+        #: recent acks=0 Produce requests by correlation id, to explain a stray answer
+        self.acks0: dict[int, Flow] = {}
 
     def _flow(self, api_key: int, api_version: int, corr: int, name: str, frame: bytes,
               now: int) -> Flow:
@@ -79,6 +81,9 @@ class FlowTracker:
         flow = self._flow(api_key, api_version, corr, self.codec.api_name(api_key), frame, now)
         if api_key == PRODUCE and self.produce_acks(frame, api_version) == 0:
             flow.flags.add(NO_RESPONSE)
+            if len(self.acks0) >= 64:
+                self.acks0.pop(next(iter(self.acks0)))
+            self.acks0[corr] = flow
             return flow
         self.pending[corr] = flow
         self.inflight.append(flow)
@@ -106,8 +111,7 @@ class FlowTracker:
             corr = _I(frame, 0)[0] if len(frame) >= 4 else None
             flow = self.pending.pop(corr, None) if corr is not None else None
             if flow is None:
-                flow = self._flow(-1, -1, corr if corr is not None else -1, "Unpaired", b"", now)
-                flow.flags.add(UNPAIRED)
+                flow = self._unpaired(corr, now)
                 flow.response = frame
                 flow.response_ns = now
                 return flow
@@ -123,6 +127,18 @@ class FlowTracker:
         if (flow.api_key == SASL_HANDSHAKE and flow.api_version == 0 and len(frame) >= 6
                 and _H(frame, 4)[0] == 0):
             self.sasl_raw = True
+        return flow
+
+    def _unpaired(self, corr: int | None, now: int) -> Flow:
+        acks0 = self.acks0.pop(corr, None) if corr is not None else None
+        if acks0 is not None:
+            # A broker answered an acks=0 Produce (Kafka brokers do not). Keep the
+            # api so the stray response decodes, and say what happened.
+            flow = self._flow(acks0.api_key, acks0.api_version, corr, acks0.api_name, b"", now)
+            flow.notes.append(f"response to acks=0 Produce flow #{acks0.id}, which expects none")
+        else:
+            flow = self._flow(-1, -1, corr if corr is not None else -1, "Unpaired", b"", now)
+        flow.flags.add(UNPAIRED)
         return flow
 
     def close(self) -> list[Flow]:

@@ -1,0 +1,98 @@
+"""FlowTracker (sans-io pairing): correlation ids, acks=0, SASL v0 raw tokens.
+
+Frames are built with the codec; no network is involved because the tracker
+never touches one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+from kinspect.codec.protocol import Response
+from kinspect.flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNDECODED, UNPAIRED
+from kinspect.proxy.tracker import FlowTracker
+from proxyutil import codec, request_bytes
+
+
+def tracker() -> FlowTracker:
+    ids = itertools.count(1)
+    return FlowTracker(codec(), 1, "127.0.0.1:1", "127.0.0.1:2", lambda: next(ids))
+
+
+def response_bytes(api_key: int, api_version: int, correlation_id: int, **body) -> bytes:
+    c = codec()
+    cls = c.response_codec(api_key).cls
+    hv = c.response_header_version(api_key, api_version)
+    return c.encode_response(Response(api_key, api_version, correlation_id, hv, None, cls(**body),
+                                      0, "", api_version))
+
+
+def test_responses_pair_by_correlation_id_out_of_order():
+    t = tracker()
+    a = t.request(request_bytes(3, 12, 10, Topics=None), 1)
+    b = t.request(request_bytes(18, 3, 11, ClientSoftwareName="x", ClientSoftwareVersion="1"), 2)
+    got_b = t.response(response_bytes(18, 3, 11), 3)
+    got_a = t.response(response_bytes(3, 12, 10), 4)
+    assert got_a is a and got_b is b
+    assert a.response_ns == 4 and b.api_name == "ApiVersions"
+    assert not t.pending and not t.inflight
+
+
+def test_unmatched_response_is_flagged_unpaired():
+    t = tracker()
+    flow = t.response(response_bytes(3, 12, 99), 1)
+    assert UNPAIRED in flow.flags and flow.correlation_id == 99
+
+
+def test_short_request_frame_is_flagged_not_dropped():
+    flow = tracker().request(b"\x00\x03", 1)
+    assert {UNDECODED, NO_RESPONSE} <= flow.flags and flow.request == b"\x00\x03"
+
+
+def test_acks_zero_produce_is_not_awaited():
+    c = codec()
+    t = tracker()
+    topic = c.request_codec(0).spec.struct.field("TopicData").struct.cls
+    for version, acks in ((9, 0), (3, 0), (9, -1)):
+        flow = t.request(request_bytes(0, version, version + acks, Acks=acks,
+                                       TransactionalId=None, TimeoutMs=10,
+                                       TopicData=[topic(Name="t", PartitionData=[])]), 1)
+        assert (NO_RESPONSE in flow.flags) == (acks == 0)
+    assert list(t.pending) == [8]
+
+
+def test_sasl_handshake_v0_switches_to_raw_tokens_until_a_request_header():
+    t = tracker()
+    hs = t.request(request_bytes(17, 0, 1, Mechanism="PLAIN"), 1)
+    t.response(response_bytes(17, 0, 1, ErrorCode=0, Mechanisms=["PLAIN"]), 2)
+    assert t.sasl_raw
+    token = b"\x00user\x00secret"
+    tok = t.request(token, 3)
+    assert SASL_TOKEN in tok.flags and tok.api_name == "SaslToken"
+    answer = t.response(b"", 4)  # PLAIN's server answer is an empty token
+    assert answer is tok and tok.response == b""
+    after = t.request(request_bytes(3, 12, 2, Topics=None), 5)
+    assert not t.sasl_raw and after.api_name == "Metadata"
+    assert t.response(response_bytes(3, 12, 2), 6) is after
+    assert hs.response is not None
+
+
+def test_failed_sasl_handshake_stays_in_kafka_framing():
+    t = tracker()
+    t.request(request_bytes(17, 0, 1, Mechanism="NOPE"), 1)
+    t.response(response_bytes(17, 0, 1, ErrorCode=33, Mechanisms=["PLAIN"]), 2)
+    assert not t.sasl_raw
+
+
+def test_close_returns_waiting_flows_flagged_closed():
+    t = tracker()
+    f = t.request(request_bytes(3, 12, 5, Topics=None), 1)
+    assert t.close() == [f] and CLOSED in f.flags and not t.pending
+
+
+def test_frame_header_fields_come_from_the_frame():
+    frame = request_bytes(3, 12, 0x01020304, Topics=None)
+    assert struct.unpack_from(">hhi", frame) == (3, 12, 0x01020304)
+    flow = tracker().request(frame, 1)
+    assert (flow.api_key, flow.api_version, flow.correlation_id) == (3, 12, 0x01020304)
