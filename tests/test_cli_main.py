@@ -45,3 +45,38 @@ def test_specs_rejects_an_invalid_spec_naming_file_and_field(tmp_path):
     proc = run("specs", "--specs", str(tmp_path))
     assert proc.returncode == 1
     assert "BadRequest.json" in proc.stderr and "Oops" in proc.stderr
+
+
+def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
+    import os
+    import signal
+    import time
+
+    from kinspect.brokers import free_port
+    from proxyutil import exchange_sync, request_bytes
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
+                             tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--no-tui"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                [resp] = exchange_sync("127.0.0.1", port, [request_bytes(3, 12, 5, Topics=None)])
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError(f"proxy did not come up: {proc.stderr.read()}")
+                time.sleep(0.1)
+        assert resp[:4] == b"\x00\x00\x00\x05"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert "Metadata v12 corr=5" in out
+    assert "Traceback" not in err

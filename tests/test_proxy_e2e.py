@@ -291,3 +291,51 @@ def _multi_broker_bodies(c: Codec, brokers):
         ep = struct_class(spec.struct.field("NodeEndpoints").struct)
         yield api_key, version, struct_class(spec.struct)(
             NodeEndpoints=[ep(NodeId=n, Host=h, Port=p) for n, h, p in brokers])
+
+
+async def test_undecodable_frames_are_forwarded_unchanged_and_flagged(tansu):
+    """An unknown api key and a malformed body reach the broker byte for byte and
+    are flagged ``undecoded``; the broker's answer (or its closing the connection)
+    reaches the client."""
+    import asyncio
+    import struct
+
+    from kinspect.codec import frame
+
+    good = request_bytes(3, 12, 1, Topics=None)
+    malformed = good[:-1] + b"\x05\xff\xff"  # the body does not end where it should
+    unknown = struct.pack(">hhi", 999, 0, 2) + b"\x00\x01t" + b"payload"
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        writer.write(frame(malformed))
+        await writer.drain()
+        answered = await _read_or_eof(reader)
+        writer.close()
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        writer.write(frame(unknown))
+        await writer.drain()
+        answered_unknown = await _read_or_eof(reader)
+        writer.close()
+        await proxy.pipeline.drained()
+        await asyncio.sleep(0.1)
+    by_req = {f.request: f for f in rec.flows}
+    assert set(by_req) == {malformed, unknown}
+    bad = by_req[malformed]
+    assert UNDECODED in bad.flags and "Metadata v12" in bad.error and "offset" in bad.error
+    unk = by_req[unknown]
+    assert UNDECODED in unk.flags and "no spec for api key 999" in unk.error
+    assert unk.api_name == "ApiKey(999)"
+    # what the broker did with them is its business; the proxy only relayed it
+    for flow, got in ((bad, answered), (unk, answered_unknown)):
+        assert got == flow.response, (flow, got)
+
+
+async def _read_or_eof(reader) -> bytes | None:
+    import asyncio
+    import struct
+
+    try:
+        (size,) = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 5))
+        return await reader.readexactly(size)
+    except (asyncio.IncompleteReadError, ConnectionError):
+        return None

@@ -1,0 +1,555 @@
+"""Capture files: the CaptureWriter addon, reading back (torn lines, rotation, gzip),
+redaction of secrets, rebuilding flows — and real clients (kafka-python and
+confluent-kafka, with gzip, snappy, lz4 and zstd) recorded through the real proxy
+in front of a real Tansu broker, then looked at with ``show``, filters and export.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import gzip
+import json
+import shutil
+import subprocess
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from kinspect import cli
+from kinspect.brokers import TansuBroker
+from kinspect.capture import (REDACTION_MARKER, CaptureError, CaptureWarning, CaptureWriter,
+                              add_capture_options, capture_addon_from_args, flows_from_records,
+                              load_capture, part_path, read_capture, redact_frame,
+                              redaction_marker)
+from kinspect.codec import Codec
+from kinspect.codec.protocol import Request, Response
+from kinspect.export import export_pcapng
+from kinspect.filters import TopicIds, parse
+from kinspect.flows import MUTATED, SASL_TOKEN, Flow
+from kinspect.proxy.server import Proxy, ProxyConfig
+from kinspect.show import records_fields, records_summary
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "captures" / "example.jsonl"
+CODEC = Codec()
+COMPRESSIONS = ("gzip", "snappy", "lz4", "zstd")
+
+
+# ---------------------------------------------------------------------------
+# helpers: frames built with the codec, flows around them
+# ---------------------------------------------------------------------------
+
+def request_frame(api_key: int, api_version: int, corr: int, client_id: str = "t",
+                  **body) -> bytes:
+    cls = CODEC.request_codec(api_key).cls
+    req = Request(api_key, api_version, corr, client_id,
+                  CODEC.request_header_version(api_key, api_version), None, cls(**body), 0, "")
+    return CODEC.encode_request(req)
+
+
+def response_frame(api_key: int, api_version: int, corr: int, **body) -> bytes:
+    cls = CODEC.response_codec(api_key).cls
+    resp = Response(api_key, api_version, corr, CODEC.response_header_version(api_key, api_version),
+                    None, cls(**body), 0, "", api_version)
+    return CODEC.encode_response(resp)
+
+
+def make_flow(fid: int, api_key: int, api_version: int, corr: int, request: bytes,
+              response: bytes | None, conn: int = 1) -> Flow:
+    f = Flow(fid, conn, "127.0.0.1:50000", "127.0.0.1:9092", api_key, api_version, corr,
+             CODEC.api_name(api_key) if api_key >= 0 else "SaslToken", request, 1_000 + fid)
+    f.response = response
+    f.response_ns = None if response is None else 2_000 + fid
+    return f
+
+
+def write_flows(path: Path, flows: list[Flow], **kw) -> CaptureWriter:
+    w = CaptureWriter(path, CODEC, upstream="127.0.0.1:9092", listen="127.0.0.1:19092", **kw)
+    for f in flows:
+        w.on_request(f)
+        w.on_flow(f)
+    w.close()
+    return w
+
+
+def lines_of(path: Path) -> list[dict]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def metadata_flows(n: int) -> list[Flow]:
+    return [make_flow(i, 3, 12, i, request_frame(3, 12, i, Topics=None),
+                      response_frame(3, 12, i, ClusterId="c", ControllerId=1))
+            for i in range(1, n + 1)]
+
+
+# ---------------------------------------------------------------------------
+# writer and reader
+# ---------------------------------------------------------------------------
+
+def test_session_line_and_frame_lines(tmp_path):
+    flows = metadata_flows(3)
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, flows)
+    lines = lines_of(path)
+    assert lines[0]["type"] == "session"
+    assert lines[0]["upstream"] == "127.0.0.1:9092" and lines[0]["listen"] == "127.0.0.1:19092"
+    assert lines[0]["specs"] and all("path" in s and "origin" in s for s in lines[0]["specs"])
+    frames = lines[1:]
+    assert [(x["flow"], x["dir"]) for x in frames] == [
+        (1, "req"), (1, "resp"), (2, "req"), (2, "resp"), (3, "req"), (3, "resp")]
+    for x, f in zip(frames[::2], flows):
+        assert base64.b64decode(x["frame"]) == f.request
+        assert (x["api_key"], x["api_version"], x["correlation_id"]) == (3, 12, f.correlation_id)
+        assert x["ts_ns"] == f.request_ns
+    for x, f in zip(frames[1::2], flows):
+        assert base64.b64decode(x["frame"]) == f.response
+        assert x["ts_ns"] == f.response_ns
+    assert not any("frame_sent" in x or "redacted" in x for x in frames)
+
+
+def test_gzip_capture_reads_back(tmp_path):
+    flows = metadata_flows(4)
+    path = tmp_path / "cap.jsonl.gz"
+    write_flows(path, flows)
+    assert path.read_bytes()[:2] == b"\x1f\x8b"
+    cap = load_capture(path, CODEC)
+    assert [(f.id, f.request, f.response) for f in cap.flows] == [
+        (f.id, f.request, f.response) for f in flows]
+    assert all(f.response_decoded.body.ClusterId == "c" for f in cap.flows)
+
+
+def test_flush_by_line_count_writes_whole_lines_before_close(tmp_path):
+    path = tmp_path / "cap.jsonl"
+    w = CaptureWriter(path, CODEC, flush_lines=3, flush_interval=3600)
+    for f in metadata_flows(2):  # session + 4 frame lines: one flush after 3 lines
+        w.on_request(f)
+        w.on_flow(f)
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and data.count(b"\n") == 3
+    w.close()
+    assert path.read_bytes().count(b"\n") == 5
+
+
+async def test_flush_timer_on_the_event_loop(tmp_path):
+    path = tmp_path / "cap.jsonl"
+    w = CaptureWriter(path, CODEC, flush_lines=10_000, flush_interval=0.05)
+    w.on_request(metadata_flows(1)[0])
+    deadline = time.monotonic() + 10
+    while path.read_bytes().count(b"\n") < 2:
+        assert time.monotonic() < deadline, "the flush timer never wrote the buffered lines"
+        await asyncio.sleep(0.02)
+    w.close()
+
+
+def test_torn_last_line_is_skipped_with_a_warning(tmp_path):
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, metadata_flows(3))
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-40])  # crash in the middle of the last line
+    with pytest.warns(CaptureWarning, match="torn last line"):
+        recs = list(read_capture(path))
+    assert len(recs) == 6 and recs[-1]["dir"] == "req"  # the response of flow 3 is lost
+    with pytest.warns(CaptureWarning):
+        cap = load_capture(path, CODEC)
+    assert [f.id for f in cap.flows] == [1, 2, 3] and cap.flows[-1].response is None
+
+
+def test_truncated_gzip_capture_keeps_the_complete_lines(tmp_path):
+    path = tmp_path / "cap.jsonl.gz"
+    write_flows(path, metadata_flows(30))
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+    with pytest.warns(CaptureWarning):
+        recs = list(read_capture(path))
+    assert recs[0]["type"] == "session" and 1 < len(recs) < 61
+    # every record yielded is a whole, valid line
+    assert all(base64.b64decode(r["frame"]) for r in recs[1:])
+
+
+def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, metadata_flows(2))
+    lines = path.read_bytes().split(b"\n")
+    lines[2] = b"{not json"
+    path.write_bytes(b"\n".join(lines))
+    with pytest.raises(CaptureError) as e:
+        list(read_capture(path))
+    assert e.value.line == 3
+
+
+def test_missing_file_is_a_capture_error(tmp_path):
+    with pytest.raises(CaptureError, match="no such file"):
+        list(read_capture(tmp_path / "nope.jsonl"))
+
+
+@pytest.mark.parametrize("name", ["cap.jsonl", "cap.jsonl.gz"])
+def test_rotation_by_size(tmp_path, name):
+    path = tmp_path / name
+    flows = metadata_flows(20)
+    limit = 2000  # a session line and a few frame lines
+    w = write_flows(path, flows, max_bytes=limit)
+    assert len(w.paths) > 3
+    assert w.paths[1] == part_path(path, 1)
+    assert w.paths[1].name == ("cap.1.jsonl" if name == "cap.jsonl" else "cap.1.jsonl.gz")
+    sessions = []
+    for i, p in enumerate(w.paths):
+        lines = lines_of(p)
+        assert lines[0]["type"] == "session" and lines[0]["part"] == i
+        sessions.append(lines[0]["start_ns"])
+        assert len(lines) > 1  # never a part with only its session line
+        # every part respects the limit (JSON bytes, counted before gzip)
+        assert sum(len(json.dumps(x, separators=(",", ":"))) + 1 for x in lines) <= limit
+    assert len(set(sessions)) == 1
+    cap = load_capture(path, CODEC)
+    assert [f.id for f in cap.flows] == list(range(1, 21))
+    assert all(f.response is not None for f in cap.flows)  # pairs across part boundaries
+
+
+def test_stale_rotated_part_of_another_capture_is_not_followed(tmp_path):
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, metadata_flows(2))
+    stale = part_path(path, 1)
+    write_flows(stale, metadata_flows(5))  # a part left by an older capture
+    cap = load_capture(path, CODEC)
+    assert len(cap.flows) == 2
+
+
+# ---------------------------------------------------------------------------
+# redaction
+# ---------------------------------------------------------------------------
+
+SECRET = b"\x00alice\x00s3cr3t-password"
+
+
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_sasl_authenticate_bytes_are_redacted_in_both_directions(tmp_path, version):
+    req = request_frame(36, version, 7, AuthBytes=SECRET)
+    resp_fields = dict(ErrorCode=0, ErrorMessage=None, AuthBytes=b"server-final:" + SECRET)
+    if version >= 1:
+        resp_fields["SessionLifetimeMs"] = 60_000
+    resp = response_frame(36, version, 7, **resp_fields)
+    flow = make_flow(1, 36, version, 7, req, resp)
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, [flow])
+    raw = path.read_bytes()
+    lines = lines_of(path)[1:]
+    assert all(x["redacted"] for x in lines)
+    for x, original in zip(lines, (req, resp)):
+        stored = base64.b64decode(x["frame"])
+        assert b"s3cr3t" not in stored and len(stored) == len(original)
+    assert b"s3cr3t" not in raw
+    cap = load_capture(path, CODEC)
+    f = cap.flows[0]
+    assert "undecoded" not in f.flags and "redacted" in f.flags
+    assert f.request_decoded.body.AuthBytes == redaction_marker(len(SECRET))
+    assert f.response_decoded.body.AuthBytes == redaction_marker(len(SECRET) + 13)
+    assert f.response_decoded.body.ErrorCode == 0
+    if version >= 1:
+        assert f.response_decoded.body.SessionLifetimeMs == 60_000
+
+
+def test_capture_secrets_keeps_auth_bytes(tmp_path):
+    req = request_frame(36, 2, 7, AuthBytes=SECRET)
+    flow = make_flow(1, 36, 2, 7, req, None)
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, [flow], secrets=True)
+    x = lines_of(path)[1]
+    assert base64.b64decode(x["frame"]) == req and "redacted" not in x
+    assert lines_of(path)[0]["secrets"] is True
+
+
+def test_raw_sasl_tokens_and_mutated_copies_are_redacted(tmp_path):
+    token = make_flow(1, -1, -1, -1, SECRET, b"\x00\x00server-challenge")
+    token.flags.add(SASL_TOKEN)
+    mutated = make_flow(2, 36, 1, 8, request_frame(36, 1, 8, AuthBytes=SECRET), None)
+    mutated.request_sent = request_frame(36, 1, 8, AuthBytes=SECRET + b"!")
+    mutated.flags.add(MUTATED)
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, [token, mutated])
+    lines = lines_of(path)[1:]
+    assert [x["dir"] for x in lines] == ["req", "resp", "req"]
+    assert base64.b64decode(lines[0]["frame"]) == redaction_marker(len(SECRET))
+    assert base64.b64decode(lines[1]["frame"]) == redaction_marker(18)
+    sent = base64.b64decode(lines[2]["frame_sent"])
+    assert b"s3cr3t" not in sent and len(sent) == len(mutated.request_sent)
+    assert CODEC.decode_request(sent).body.AuthBytes == redaction_marker(len(SECRET) + 1)
+
+
+def test_redaction_marker_is_documented_ascii_cut_to_length():
+    assert redaction_marker(0) == b""
+    assert redaction_marker(5) == b"<kins"
+    assert redaction_marker(len(REDACTION_MARKER) + 3) == REDACTION_MARKER + b"<ki"
+
+
+def test_undecodable_secret_frame_is_redacted_past_its_header():
+    bad = request_frame(36, 2, 9, AuthBytes=SECRET)[:-3]  # truncated: does not decode
+    out = redact_frame(CODEC, bad, "req", 36, 2)
+    assert out[:8] == bad[:8] and len(out) == len(bad) and b"s3cr3t" not in out
+    assert redact_frame(CODEC, request_frame(3, 12, 1, Topics=None), "req", 3, 12) is None
+
+
+# ---------------------------------------------------------------------------
+# rebuilding flows from other tools' captures (only conn, dir, frame)
+# ---------------------------------------------------------------------------
+
+def test_pairing_without_flow_ids_matches_pairing_with_them():
+    recs = list(read_capture(EXAMPLE))
+    stripped = []
+    for r in recs:
+        if r.get("type") == "frame":
+            r = {"conn": r["conn"], "dir": r["dir"], "frame": r["frame"], "ts_ns": r["ts_ns"]}
+        stripped.append(r)
+    with_ids = flows_from_records(recs, CODEC)
+    without = flows_from_records(stripped, CODEC)
+
+    def key(c):
+        return sorted((f.conn, f.api_key, f.api_version, f.correlation_id, f.request, f.response)
+                      for f in c.flows)
+    assert key(with_ids) == key(without)
+    assert all(f.response is not None for f in without.flows)
+
+
+def test_raw_sasl_tokens_pair_in_order_after_handshake_v0():
+    hs_req = request_frame(17, 0, 1, Mechanism="PLAIN")
+    hs_resp = response_frame(17, 0, 1, ErrorCode=0, Mechanisms=["PLAIN"])
+    token, answer = b"\x00user\x00password", b""
+    md = request_frame(3, 12, 2, Topics=None)
+    md_resp = response_frame(3, 12, 2, ClusterId="c")
+
+    def rec(d, b):
+        return {"type": "frame", "conn": 1, "dir": d, "frame": base64.b64encode(b).decode()}
+    cap = flows_from_records([rec("req", hs_req), rec("resp", hs_resp), rec("req", token),
+                              rec("resp", answer), rec("req", md), rec("resp", md_resp)], CODEC)
+    names = [(f.api_name, f.request, f.response) for f in cap.flows]
+    assert names == [("SaslHandshake", hs_req, hs_resp), ("SaslToken", token, answer),
+                     ("Metadata", md, md_resp)]
+    assert SASL_TOKEN in cap.flows[1].flags
+
+
+# ---------------------------------------------------------------------------
+# CLI glue for `kinspect proxy`
+# ---------------------------------------------------------------------------
+
+def test_capture_options_and_addon(tmp_path, monkeypatch):
+    p = argparse.ArgumentParser()
+    add_capture_options(p)
+    cfg = ProxyConfig(upstream=("127.0.0.1", 9092), listen=("127.0.0.1", 19092))
+    assert capture_addon_from_args(p.parse_args([]), cfg, CODEC) is None
+    monkeypatch.chdir(tmp_path)
+    args = p.parse_args(["--capture", "run.jsonl.gz", "--capture-max-bytes", "2M"])
+    w = capture_addon_from_args(args, cfg, CODEC)
+    try:
+        assert w.path == Path("captures/run.jsonl.gz") and w.max_bytes == 2 << 20
+        assert w.secrets is False and w.gzip
+    finally:
+        w.close()
+    session = lines_of(tmp_path / "captures" / "run.jsonl.gz")[0]
+    assert session["upstream"] == "127.0.0.1:9092" and session["listen"] == "127.0.0.1:19092"
+    args = p.parse_args(["--capture", str(tmp_path / "d" / "x.jsonl"), "--capture-secrets"])
+    w = capture_addon_from_args(args, cfg, CODEC)
+    w.close()
+    assert w.path == tmp_path / "d" / "x.jsonl" and w.secrets
+    with pytest.raises(SystemExit):
+        p.parse_args(["--capture-max-bytes", "lots"])
+
+
+# ---------------------------------------------------------------------------
+# real clients through the real proxy
+# ---------------------------------------------------------------------------
+
+class ProxyThread:
+    """The real proxy on its own event loop in a thread, with a CaptureWriter."""
+
+    def __init__(self, upstream: str, capture: Path):
+        host, port = upstream.rsplit(":", 1)
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.proxy = Proxy(ProxyConfig(upstream=(host, int(port))), CODEC)
+        self.writer = CaptureWriter(capture, CODEC, upstream=upstream)
+        self.proxy.pipeline.add(self.writer)
+
+    def __enter__(self) -> "ProxyThread":
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.proxy.start(), self.loop).result(10)
+        return self
+
+    @property
+    def bootstrap(self) -> str:
+        return "%s:%d" % self.proxy.address
+
+    def __exit__(self, *exc) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.proxy.close(), self.loop).result(30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
+            self.loop.close()
+
+
+def _kafka_python(bootstrap: str, topic: str) -> list[bytes]:
+    from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
+    from kafka.admin import NewTopic
+
+    common = {"bootstrap_servers": bootstrap, "client_id": "cap-kafka-python",
+              "request_timeout_ms": 10_000}
+    admin = KafkaAdminClient(**common)
+    try:
+        admin.create_topics([NewTopic(topic, 1, 1)])
+    finally:
+        admin.close()
+    for comp in COMPRESSIONS:
+        producer = KafkaProducer(compression_type=comp, linger_ms=20, acks="all", **common)
+        try:
+            futs = [producer.send(topic, key=f"{comp}-k{i}".encode(),
+                                  value=f"kafka-python {comp} value {i} ".encode() * 8,
+                                  headers=[("codec", comp.encode())]) for i in range(3)]
+            for f in futs:
+                f.get(timeout=10)
+        finally:
+            producer.close(timeout=5)
+    consumer = KafkaConsumer(**common, auto_offset_reset="earliest", enable_auto_commit=False,
+                             fetch_max_wait_ms=100)
+    got: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        consumer.seek_to_beginning()
+        deadline = time.monotonic() + 30
+        while len(got) < 3 * len(COMPRESSIONS):
+            assert time.monotonic() < deadline, f"kafka-python consumed only {len(got)}"
+            for recs in consumer.poll(timeout_ms=200).values():
+                got += [r.value for r in recs]
+    finally:
+        consumer.close()
+    return got
+
+
+def _confluent(bootstrap: str, topic: str) -> list[bytes]:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    common = {"bootstrap.servers": bootstrap, "client.id": "cap-confluent"}
+    admin = AdminClient(common)
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(10)
+    for comp in COMPRESSIONS:
+        producer = Producer({**common, "compression.type": comp, "linger.ms": 20,
+                             "acks": "all", "enable.idempotence": False})
+        for i in range(3):
+            producer.produce(topic, key=f"{comp}-k{i}".encode(),
+                             value=f"confluent {comp} value {i} ".encode() * 8,
+                             headers=[("codec", comp.encode())])
+        assert producer.flush(15) == 0, "confluent-kafka could not deliver"
+    consumer = Consumer({**common, "group.id": "cap-unused", "enable.auto.commit": False,
+                         "fetch.wait.max.ms": 100})
+    got: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 30
+        while len(got) < 3 * len(COMPRESSIONS):
+            assert time.monotonic() < deadline, f"confluent-kafka consumed only {len(got)}"
+            msg = consumer.poll(0.2)
+            if msg is None:
+                continue
+            assert not msg.error(), msg.error()
+            got.append(msg.value())
+    finally:
+        consumer.close()
+    return got
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A capture of both clients (4 compressions each) through the proxy into Tansu."""
+    path = tmp_path_factory.mktemp("real") / "clients.jsonl.gz"
+    with TansuBroker() as broker:
+        with ProxyThread(broker.bootstrap, path) as pt:
+            kp = _kafka_python(pt.bootstrap, "cap-kafka-python")
+            cf = _confluent(pt.bootstrap, "cap-confluent")
+    return path, {"cap-kafka-python": kp, "cap-confluent": cf}
+
+
+def _produced_batches(cap, topic):
+    out = []
+    for f in cap.flows:
+        if f.api_key == 0 and f.request_decoded is not None:
+            for rf in records_fields(f.request_decoded.body):
+                if rf.topic == topic and rf.data:
+                    out += rf.decode().batches
+    return out
+
+
+@pytest.mark.parametrize("topic,client_id,prefix", [
+    ("cap-kafka-python", "cap-kafka-python", "kafka-python"),
+    ("cap-confluent", "cap-confluent", "confluent"),
+])
+def test_real_clients_recorded_with_every_compression(recorded, topic, client_id, prefix):
+    path, consumed = recorded
+    cap = load_capture(path, CODEC)
+    assert cap.session["upstream"] and cap.flows
+    assert not [f for f in cap.flows if "undecoded" in f.flags]
+    batches = _produced_batches(cap, topic)
+    assert {b.compression for b in batches} == set(COMPRESSIONS)
+    assert all(b.crc_valid for b in batches)
+    values = [r.value for b in batches for r in b.records]
+    expected = [f"{prefix} {c} value {i} ".encode() * 8 for c in COMPRESSIONS for i in range(3)]
+    assert sorted(values) == sorted(expected)
+    for b in batches:
+        for r in b.records:
+            assert r.headers == [("codec", b.compression.encode())]
+            assert r.key.decode().startswith(b.compression + "-k")
+    # the client consumed exactly what it produced, and the Fetch responses the proxy
+    # recorded carry those same values (decoded from the captured bytes)
+    assert sorted(consumed[topic]) == sorted(expected)
+    fetched = []
+    for f in cap.flows:
+        if f.api_key == 1 and f.response_decoded is not None:
+            for rf in records_fields(f.response_decoded.body, TopicIds().learn_all(cap.flows)):
+                if rf.data and rf.topic == topic:
+                    fetched += [r.value for r in rf.decode().iter_records()]
+    assert set(fetched) == set(expected)
+    # filters over the real capture
+    mine = parse(f"~client {client_id} & ~api Produce")
+    produce = [f for f in cap.flows if mine.matches(f)]
+    assert produce and all(f.client_id == client_id and f.api_key == 0 for f in produce)
+    ids = TopicIds().learn_all(cap.flows)
+    by_topic = [f for f in cap.flows if parse(f"~topic {topic} & ~api Fetch").matches(
+        f, topic_ids=ids)]
+    assert by_topic and all(f.client_id == client_id for f in by_topic)
+    assert all(s["topic"] == topic for f in produce for s in records_summary(f, ids))
+
+
+def test_show_cli_over_the_real_capture(recorded, capsys):
+    path, _ = recorded
+    assert cli.main(["show", str(path), "--filter", "~api Produce", "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    comps = {c for r in rows for s in r["records"] for c in s["compression"]}
+    assert comps == set(COMPRESSIONS)
+    assert {r["api_name"] for r in rows} == {"Produce"}
+    fid = rows[0]["id"]
+    assert cli.main(["show", str(path), "--flow", str(fid)]) == 0
+    out = capsys.readouterr().out
+    assert "CRC ok" in out and "header 'codec'" in out
+
+
+def test_export_of_the_real_capture_is_dissected_by_tshark(recorded, tmp_path):
+    path, _ = recorded
+    cap = load_capture(path, CODEC, decode=False)
+    out = tmp_path / "clients.pcapng"
+    stats = export_pcapng(cap, out)
+    (port,) = stats.ports
+    tshark = shutil.which("tshark")
+    assert tshark, "tshark is needed (Debian package tshark; .ci/run installs it)"
+    res = subprocess.run([tshark, "-r", str(out), "-d", f"tcp.port=={port},kafka", "-Y",
+                          f"kafka && tcp.dstport=={port}", "-T", "fields", "-e",
+                          "kafka.api_key", "-e", "kafka.correlation_id"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    seen = [tuple(map(int, line.split("\t"))) for line in res.stdout.split("\n") if line]
+    want = [(r.flow.api_key, r.flow.correlation_id) for r in cap.frames if r.dir == "req"]
+    assert seen == want

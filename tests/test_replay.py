@@ -1,0 +1,223 @@
+"""Replay: a real session recorded through the real proxy, sent again to real Tansu brokers.
+
+The recording (module fixture) is a kafka-python round trip (admin creates the
+topic, an idempotent producer writes, a consumer group reads and commits) through
+:class:`kinspect.proxy.server.Proxy` with :class:`kinspect.capture.CaptureWriter`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from clients import roundtrip_async
+from proxyutil import codec
+
+from kinspect import cli
+from kinspect.brokers import TansuBroker
+from kinspect.capture import CaptureWriter
+from kinspect.codec.records import decode_records
+from kinspect.proxy.server import Proxy, ProxyConfig
+from kinspect.replay import (DEFAULT_IGNORE, IdMapper, IgnoreRules, Replayer, diff_structs,
+                             load_flows)
+
+VALUES = [f"replay value {i}" for i in range(6)]
+TOPIC, GROUP = "replayed", "replayed-g"
+#: Apis whose answers depend only on the broker's state, which the replay rebuilds.
+IDEMPOTENT = {"ApiVersions", "Metadata", "FindCoordinator", "ListOffsets", "OffsetFetch", "Fetch",
+              "DescribeGroups", "DescribeConfigs"}
+
+
+async def record_session(path, broker, values=VALUES, topic=TOPIC, group=GROUP,
+                         client="kafka-python") -> list[str]:
+    """Run ``client``'s round trip through the real proxy in front of ``broker``,
+    capturing to ``path``; return what the client consumed."""
+    host, port = broker.bootstrap.rsplit(":", 1)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec())
+    writer = CaptureWriter(path, codec(), upstream=broker.bootstrap)
+    proxy.pipeline.add(writer)
+    await proxy.start()
+    try:
+        return await roundtrip_async(client, "%s:%d" % proxy.address, values, topic=topic,
+                                     group=group, timeout=20)
+    finally:
+        await proxy.close()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """``(capture path, consumed values)`` of one recorded session."""
+    path = tmp_path_factory.mktemp("replay") / "session.jsonl"
+    with TansuBroker() as broker:
+        consumed = asyncio.run(record_session(path, broker))
+    return path, consumed
+
+
+def run_cli(*argv: str) -> int:
+    return cli.main(list(argv))
+
+
+def _flows_by_api(report: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for f in report["flows"]:
+        out.setdefault(f["api"], []).append(f)
+    return out
+
+
+def test_recording_is_a_real_session(recorded):
+    path, consumed = recorded
+    assert consumed == VALUES
+    apis = {f.api_name for f in load_flows(path, codec())}
+    assert {"JoinGroup", "SyncGroup", "InitProducerId", "Produce", "Fetch",
+            "OffsetCommit"} <= apis
+
+
+def test_replay_against_fresh_tansu(recorded, tansu, tmp_path):
+    """The idempotent APIs match; handed-out ids are carried forward; every
+    difference is explained."""
+    path, _ = recorded
+    report_path = tmp_path / "report.json"
+    rc = run_cli("replay", str(path), "--upstream", tansu.bootstrap, "--as-fast-as-possible",
+                 "--timeout", "15", "--report", str(report_path))
+    report = json.loads(report_path.read_text())
+    by_api = _flows_by_api(report)
+    assert report["summary"]["failed"] == 0, report["summary"]
+    assert rc == (0 if report["summary"]["differing"] == 0 else 1)
+
+    idempotent = [f for f in report["flows"] if f["api"] in IDEMPOTENT]
+    assert {"ApiVersions", "Metadata", "FindCoordinator", "Fetch", "ListOffsets",
+            "OffsetFetch"} <= {f["api"] for f in idempotent}
+    assert [f for f in idempotent if f["status"] != "matched"] == []
+
+    # the fresh broker listens elsewhere: the address differs and is ignored as volatile
+    meta_ignored = {d["path"] for f in by_api["Metadata"] for d in f["ignored"]}
+    assert "Brokers[0].Port" in meta_ignored
+
+    # the member id the fresh broker handed out went into the later group requests
+    member = [m for m in report["mappings"] if m["kind"] == "member"]
+    assert member, report["mappings"]
+    new_id = member[0]["replayed"]
+    for api in ("SyncGroup", "OffsetCommit", "LeaveGroup"):
+        for f in by_api[api]:
+            assert any(new_id in r for r in f["request_rewrites"]), (api, f["request_rewrites"])
+            assert f["status"] == "matched", f
+
+    # the consumer's Fetch got the records the producer's Produce wrote, in the fresh broker
+    fetched = [f for f in by_api["Fetch"] if f["status"] == "matched"]
+    assert fetched
+
+    for f in report["flows"]:
+        if f["status"] in ("differing", "failed"):
+            assert f["explanation"], f
+            assert all(d.get("explanation") for d in f["diffs"]), f
+
+
+def test_replay_against_a_used_broker_explains_every_difference(recorded, tansu):
+    """Replaying twice into one broker: the second run finds the topic, records and
+    commits of the first; the producer id the broker hands out is new, so record
+    batches are patched (CRC recomputed) and still accepted."""
+    path, _ = recorded
+    first = asyncio.run(Replayer(codec(), load_flows(path, codec()), (tansu.host, tansu.port),
+                                 speed=None, timeout=15).run())
+    assert first.counts()["failed"] == 0
+    second = asyncio.run(Replayer(codec(), load_flows(path, codec()), (tansu.host, tansu.port),
+                                  speed=None, timeout=15).run())
+    c = second.counts()
+    assert c["failed"] == 0 and c["differing"] > 0, c
+    res = {r.flow.id: r for r in second.results}
+
+    create = next(r for r in second.results if r.flow.api_name == "CreateTopics")
+    assert create.status == "differing"
+    assert [(d.kind, d.replayed) for d in create.diffs if d.kind == "error-code"] == \
+        [("error-code", 36)]
+    assert "TOPIC_ALREADY_EXISTS(36)" in create.explanation
+
+    produces = [r for r in second.results if r.flow.api_name == "Produce"]
+    assert produces
+    for r in produces:
+        assert any("CRC recomputed" in w for w in r.rewrites), r.rewrites
+        assert not [d for d in r.diffs if d.kind == "error-code"], r.diffs  # accepted
+        assert [d.path.rsplit(".", 1)[1] for d in r.diffs] == ["BaseOffset"]
+        assert "another offset" in r.diffs[0].explanation
+
+    for r in second.results:
+        if r.status == "differing":
+            assert r.explanation, r.flow
+            assert all(d.explanation for d in r.diffs), r.flow
+            later_than_writes = r.flow.id > create.flow.id
+            if later_than_writes and r.flow.api_name in ("Fetch", "OffsetFetch"):
+                assert "earlier state-changing flows" in r.explanation
+    assert res  # keeps the index used
+
+
+def test_unmapped_member_id_is_reported(recorded, tansu, tmp_path):
+    """Without the JoinGroup flows the broker never hands out a member id: the
+    later group requests carry the recorded one, and the report says so."""
+    path, _ = recorded
+    flows = load_flows(path, codec())
+    first_join = min(f.id for f in flows if f.api_name == "JoinGroup")
+    report_path = tmp_path / "report.json"
+    rc = run_cli("replay", str(path), "--upstream", tansu.bootstrap, "--as-fast-as-possible",
+                 "--timeout", "15", "--filter", "!~api JoinGroup", "--report", str(report_path))
+    assert rc == 1
+    report = json.loads(report_path.read_text())
+    by_api = _flows_by_api(report)
+    assert all(f["status"] == "skipped" and "filter" in f["explanation"]
+               for f in by_api["JoinGroup"])
+    for api in ("SyncGroup", "LeaveGroup"):
+        for f in by_api[api]:
+            assert f["status"] == "differing", f
+            kinds = {(u["kind"], u["issued_by"]) for u in f["unmapped"]}
+            assert ("member", first_join) in kinds, f["unmapped"]
+            assert f"recorded flow #{first_join}, which was not replayed" in f["explanation"]
+            assert any(d["kind"] == "error-code" for d in f["diffs"])
+
+
+def test_unreachable_broker_fails_every_flow(recorded, free_port):
+    path, _ = recorded
+    report = asyncio.run(Replayer(codec(), load_flows(path, codec()), ("127.0.0.1", free_port),
+                                  speed=None, timeout=5, connect_timeout=5).run())
+    c = report.counts()
+    assert c["failed"] == len(report.results) and c["matched"] == 0
+    assert all("cannot connect" in r.explanation for r in report.results)
+
+
+# -- codec-level pieces, on the recorded frames ------------------------------------
+
+def test_patch_records_rewrites_producer_id_and_crc(recorded):
+    path, _ = recorded
+    produce = next(f for f in load_flows(path, codec()) if f.api_name == "Produce")
+    records = produce.request_decoded.body.TopicData[0].PartitionData[0].Records
+    before = decode_records(records).batches[0]
+    assert before.crc_valid and before.producer_id >= 0
+    mapper = IdMapper()
+    mapper.mapping[("producer", None, before.producer_id)] = 4242
+    mapper.mapping[("producer-epoch", before.producer_id, before.producer_epoch)] = 7
+    patched, notes = mapper.patch_records(records, "Records")
+    after = decode_records(patched).batches[0]
+    assert (after.producer_id, after.producer_epoch) == (4242, 7)
+    assert after.crc_valid and after.crc != before.crc
+    assert [r.value for r in after.records] == [r.value for r in before.records]
+    assert notes and "CRC recomputed" in notes[0]
+
+
+def test_diff_ignores_volatile_fields_and_reports_others(recorded):
+    path, _ = recorded
+    meta = [f for f in load_flows(path, codec()) if f.api_name == "Metadata"
+            and f.response_decoded.body.Topics]
+    a = meta[0].response_decoded.body
+    b = a.copy()
+    b.Brokers[0].Port += 1
+    b.ThrottleTimeMs = 5
+    b.Topics[0].Partitions[0].ErrorCode = 3
+    diffs = diff_structs(a, b, "Metadata", IgnoreRules(DEFAULT_IGNORE))
+    ignored = {d.path: d.rule for d in diffs if d.rule}
+    counted = [(d.path, d.kind, d.recorded, d.replayed) for d in diffs if not d.rule]
+    assert ignored == {"Brokers[0].Port": "Port", "ThrottleTimeMs": "ThrottleTimeMs"}
+    assert counted == [("Topics[0].Partitions[0].ErrorCode", "error-code", 0, 3)]
+    # user patterns: dotted paths, api-scoped names, groups
+    rules = IgnoreRules(["Topics.Partitions.ErrorCode"])
+    assert rules.match("Metadata", "Topics.Partitions.ErrorCode") is not None
+    assert IgnoreRules(["Fetch:HighWatermark"]).match("Metadata", "HighWatermark") is None
+    assert IgnoreRules(["offsets"]).match("Fetch", "Responses.Partitions.HighWatermark")
