@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import threading
 import time
-import warnings
 from pathlib import Path
 
 import pytest
@@ -159,6 +158,15 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path):
     with pytest.warns(CaptureWarning):
         cap = load_capture(path, CODEC)
     assert [f.id for f in cap.flows] == [1, 2, 3] and cap.flows[-1].response is None
+
+
+def test_whole_last_line_without_newline_is_kept(tmp_path, recwarn):
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, metadata_flows(2))
+    path.write_bytes(path.read_bytes().rstrip(b"\n"))
+    recs = list(read_capture(path))
+    assert len(recs) == 5 and recs[-1]["dir"] == "resp"
+    assert not [w for w in recwarn if issubclass(w.category, CaptureWarning)]
 
 
 def test_truncated_gzip_capture_keeps_the_complete_lines(tmp_path):

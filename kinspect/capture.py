@@ -1,0 +1,836 @@
+"""Capture files: record what crossed the proxy, read it back, rebuild flows.
+
+Format (JSON Lines, gzip-compressed when the path ends with ``.gz``; the contract
+shared by ``kinspect proxy --capture``, ``show``, ``export``, replay and analysis):
+
+* line 1, and the first line of every rotated part::
+
+    {"type": "session", "kinspect": "0.1.0", "start_ns": <int>, "upstream": "h:p",
+     "listen": "h:p", "specs": [{"path": ..., "origin": ...}], "part": <int>,
+     "secrets": <bool>, "redaction_marker": "<kinspect:redacted>"}
+
+* one line per frame, in the order the proxy handled them::
+
+    {"type": "frame", "ts_ns": <time.time_ns()>, "conn": <int>, "dir": "req"|"resp",
+     "client": "h:p", "upstream": "h:p", "flow": <int>, "api_key": <int>,
+     "api_version": <int>, "correlation_id": <int>, "frame": "<base64>",
+     ["frame_sent": "<base64>"], ["flags": [...]], ["redacted": true]}
+
+  ``frame`` is the frame as received (without the 4-byte size prefix);
+  ``frame_sent`` the bytes actually forwarded when they differ (address
+  rewriting, mutation). ``api_key`` is -1 for raw SASL tokens and unpaired
+  responses.
+* connection lines: ``{"type": "conn", "event": "open"|"close", "ts_ns", "conn",
+  "client", "upstream"}``.
+
+Readers ignore unknown ``type`` values and extra keys.
+
+Crash safety: lines are buffered whole and written in batches of whole lines
+(every :attr:`CaptureWriter.flush_lines` lines, after at most
+:attr:`CaptureWriter.flush_interval` seconds, and on close), so a crash can only
+leave a torn *last* line, which :func:`read_capture` skips with a warning.
+
+Rotation (``--capture-max-bytes N``): when the JSON bytes written to the current
+part (counted before gzip) would pass ``N``, a new part is started (a part holds at
+least one line after its session line, so a single larger line still fits):
+``cap.jsonl``, ``cap.1.jsonl``, ``cap.2.jsonl``... (``cap.1.jsonl.gz`` for gzip).
+Every part starts with its own session line (same ``start_ns``, its ``part``
+number). :func:`read_capture` follows the parts of a capture in order.
+
+Redaction (default; ``--capture-secrets`` turns it off): secrets are replaced by
+the **redaction marker**, the ASCII bytes of ``<kinspect:redacted>`` repeated and
+cut to exactly the length of the secret, so every length field and the frame
+size stay as they were and the frame still decodes:
+
+* SaslAuthenticate (api key 36) ``AuthBytes``, in requests and responses;
+* raw SASL tokens after SaslHandshake v0 (flow flag ``sasl``): the whole frame;
+* AlterUserScramCredentials (51) ``Salt``/``SaltedPassword``, CreateDelegationToken
+  (38) and DescribeDelegationToken (41) ``Hmac``.
+
+Fields are re-encoded with the codec. A frame that does not decode is redacted
+whole past its header (request: after api key, version and correlation id;
+response: after the correlation id). Redacted lines carry ``"redacted": true``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import gzip
+import json
+import logging
+import os
+import re
+import struct
+import time
+import warnings
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from . import __version__
+from .codec import Codec, DecodeError, KinspectError
+from .codec.errors import EncodeError
+from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
+
+log = logging.getLogger("kinspect.capture")
+
+__all__ = [
+    "REDACTION_MARKER", "REDACTED_FIELDS", "DEFAULT_DIR", "CaptureError", "CaptureWarning",
+    "CaptureWriter", "Capture", "FrameRef", "redaction_marker", "redact_frame",
+    "capture_parts", "part_path", "read_capture", "load_capture", "flows_from_records",
+    "add_capture_options", "capture_addon_from_args", "resolve_capture_path",
+]
+
+#: The redaction marker, repeated and cut to the length of each secret.
+REDACTION_MARKER = b"<kinspect:redacted>"
+
+#: ``api_key -> field names`` redacted wherever they occur (request and response).
+REDACTED_FIELDS: dict[int, frozenset[str]] = {
+    36: frozenset({"AuthBytes"}),                   # SaslAuthenticate (KIP-152)
+    38: frozenset({"Hmac"}),                        # CreateDelegationToken
+    41: frozenset({"Hmac"}),                        # DescribeDelegationToken
+    51: frozenset({"Salt", "SaltedPassword"}),      # AlterUserScramCredentials (KIP-554)
+}
+
+#: Where a capture file named without a directory goes.
+DEFAULT_DIR = Path("captures")
+
+
+class CaptureError(KinspectError):
+    """A capture file that cannot be read (not JSON Lines, a corrupt line that is
+    not the last one, a missing file). ``path`` and ``line`` (1-based) say where."""
+
+    def __init__(self, reason: str, path: str | os.PathLike | None = None,
+                 line: int | None = None):
+        self.reason = reason
+        self.path = None if path is None else str(path)
+        self.line = line
+        where = self.path or "<capture>"
+        if line is not None:
+            where += f":{line}"
+        super().__init__(f"{where}: {reason}")
+
+
+class CaptureWarning(UserWarning):
+    """A recoverable problem in a capture file (a torn last line)."""
+
+
+# ---------------------------------------------------------------------------
+# Redaction
+# ---------------------------------------------------------------------------
+
+def redaction_marker(n: int) -> bytes:
+    """``n`` bytes of :data:`REDACTION_MARKER` repeated (``b"<kinspect:redacted><kin..."``)."""
+    m = REDACTION_MARKER
+    return (m * (n // len(m) + 1))[:n]
+
+
+def _redact_struct(value: Any, names: frozenset[str]) -> int:
+    """Replace every bytes field named in ``names`` (recursively); return how many."""
+    count = 0
+    spec = getattr(value, "_spec", None)
+    if spec is None:
+        return 0
+    for f in spec.fields:
+        v = getattr(value, f.name)
+        if v is None:
+            continue
+        if f.name in names and f.type == "bytes":
+            setattr(value, f.name, redaction_marker(len(v)))
+            count += 1
+        elif f.struct is not None:
+            for item in (v if f.is_array else [v]):
+                count += _redact_struct(item, names)
+    return count
+
+
+def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_version: int,
+                 *, sasl_token: bool = False) -> bytes | None:
+    """The frame with its secrets replaced by the marker, or ``None`` if it holds none.
+
+    Args:
+        codec: decodes and re-encodes the frame.
+        frame: frame without size prefix.
+        direction: ``"req"`` or ``"resp"``.
+        api_key, api_version: of the flow (for a response: of its request).
+        sasl_token: the frame is a raw SASL token (SaslHandshake v0): all of it is replaced.
+
+    Returns:
+        bytes of the same length as ``frame``, or ``None`` when nothing is secret.
+        Never raises for malformed frames (they are redacted past their header).
+    """
+    if sasl_token:
+        return redaction_marker(len(frame))
+    names = REDACTED_FIELDS.get(api_key)
+    if not names:
+        return None
+    try:
+        if direction == "req":
+            msg = codec.decode_request(frame)
+            n = _redact_struct(msg.body, names)
+            out = codec.encode_request(msg) if n else None
+        else:
+            msg = codec.decode_response(frame, api_key, api_version)
+            n = _redact_struct(msg.body, names)
+            out = codec.encode_response(msg) if n else None
+    except (DecodeError, EncodeError):
+        out = b""
+    if out is None:
+        return None
+    if len(out) != len(frame):  # malformed or not re-encodable: hide everything past the header
+        keep = 8 if direction == "req" else 4
+        keep = min(keep, len(frame))
+        return frame[:keep] + redaction_marker(len(frame) - keep)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Paths
+# ---------------------------------------------------------------------------
+
+def resolve_capture_path(name: str | os.PathLike) -> Path:
+    """A capture path as the user wrote it, or under ``captures/`` when it names no
+    directory (``"run.jsonl"`` → ``captures/run.jsonl``)."""
+    p = Path(name)
+    if not p.is_absolute() and p.parent == Path("."):
+        return DEFAULT_DIR / p
+    return p
+
+
+def _split_suffix(path: Path) -> tuple[str, str]:
+    name = path.name
+    for suf in (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".gz"):
+        if name.endswith(suf) and len(name) > len(suf):
+            return name[: -len(suf)], suf
+    stem, dot, ext = name.rpartition(".")
+    if dot and stem:
+        return stem, "." + ext
+    return name, ""
+
+
+def part_path(path: str | os.PathLike, part: int) -> Path:
+    """Path of rotated part ``part`` (0 is ``path`` itself): ``cap.jsonl`` →
+    ``cap.1.jsonl``, ``cap.jsonl.gz`` → ``cap.1.jsonl.gz``."""
+    p = Path(path)
+    if part == 0:
+        return p
+    stem, suf = _split_suffix(p)
+    return p.with_name(f"{stem}.{part}{suf}")
+
+
+def capture_parts(path: str | os.PathLike) -> list[Path]:
+    """``path`` followed by its existing rotated parts, in order (stops at the first
+    missing number). Whether a part belongs to the same capture is checked by
+    :func:`read_capture` (same session ``start_ns``)."""
+    out = [Path(path)]
+    n = 1
+    while True:
+        p = part_path(path, n)
+        if not p.exists():
+            return out
+        out.append(p)
+        n += 1
+
+
+# ---------------------------------------------------------------------------
+# Writing
+# ---------------------------------------------------------------------------
+
+def _b64(b: bytes) -> str:
+    return base64.b64encode(b).decode("ascii")
+
+
+class CaptureWriter:
+    """Pipeline addon writing a capture file (see the module docstring for the format).
+
+    Args:
+        path: file to write (``.gz`` suffix: gzip). Parent directories are created;
+            an existing file is replaced.
+        codec: used for redaction (decode/re-encode of SaslAuthenticate etc.).
+        upstream, listen: ``"host:port"`` texts for the session line.
+        secrets: keep secrets (``--capture-secrets``); by default they are redacted.
+        max_bytes: rotate when a part would exceed this many JSON bytes (before
+            gzip); ``None`` = never.
+        flush_lines: write buffered lines to the file after this many lines.
+        flush_interval: ... and at most this many seconds after a line was buffered
+            (a timer on the running event loop; without one, checked on each line).
+
+    Hooks (called by :class:`~kinspect.proxy.pipeline.Pipeline`): ``on_connect``,
+    ``on_request``, ``on_flow``, ``on_disconnect``, ``close``.
+
+    Attributes:
+        lines, frames: counts written so far; ``paths``: parts written.
+
+    Raises:
+        OSError: the file cannot be created (at construction) or written.
+    """
+
+    def __init__(self, path: str | os.PathLike, codec: Codec | None = None, *,
+                 upstream: str = "", listen: str = "", secrets: bool = False,
+                 max_bytes: int | None = None, flush_lines: int = 1000,
+                 flush_interval: float = 1.0, start_ns: int | None = None):
+        self.path = Path(path)
+        self.codec = codec or Codec()
+        self.upstream = upstream
+        self.listen = listen
+        self.secrets = secrets
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError("max_bytes must be positive")
+        self.max_bytes = max_bytes
+        self.flush_lines = max(1, flush_lines)
+        self.flush_interval = flush_interval
+        self.start_ns = start_ns if start_ns is not None else time.time_ns()
+        self.gzip = self.path.name.endswith(".gz")
+        self.lines = 0
+        self.frames = 0
+        self.redacted = 0
+        self.paths: list[Path] = []
+        self._part = -1
+        self._raw: Any = None
+        self._fh: Any = None
+        self._part_bytes = 0
+        self._pending: list[bytes] = []
+        self._pending_since = 0.0
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+        self._open_part(0)
+
+    # -- files -----------------------------------------------------------------
+    def _session_line(self) -> dict[str, Any]:
+        return {
+            "type": "session", "kinspect": __version__, "start_ns": self.start_ns,
+            "upstream": self.upstream, "listen": self.listen,
+            "specs": [{"path": s.path, "origin": s.origin}
+                      for s in getattr(self.codec.registry, "sources", [])],
+            "part": self._part, "secrets": self.secrets,
+            "redaction_marker": REDACTION_MARKER.decode("ascii"),
+        }
+
+    def _open_part(self, part: int) -> None:
+        p = part_path(self.path, part)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        raw = open(p, "wb", buffering=0)
+        self._raw = raw
+        self._fh = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if self.gzip \
+            else raw
+        self._part = part
+        self._part_bytes = 0
+        self._part_lines = 0
+        self.paths.append(p)
+        self._append(self._session_line(), rotate=False)
+
+    def _close_part(self) -> None:
+        self._write_pending()
+        if self._fh is not self._raw:
+            self._fh.close()
+        self._raw.close()
+
+    # -- buffering -------------------------------------------------------------
+    def _append(self, obj: dict[str, Any], rotate: bool = True) -> None:
+        line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+        if (rotate and self.max_bytes is not None and self._part_lines > 0
+                and self._part_bytes + len(line) > self.max_bytes):
+            self._close_part()
+            self._open_part(self._part + 1)
+        self._part_bytes += len(line)
+        self._part_lines += rotate
+        self.lines += 1
+        if not self._pending:
+            self._pending_since = time.monotonic()
+            self._arm_timer()
+        self._pending.append(line)
+        if (len(self._pending) >= self.flush_lines
+                or time.monotonic() - self._pending_since >= self.flush_interval):
+            self.flush()
+
+    def _arm_timer(self) -> None:
+        if self._timer is not None:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self._timer = loop.call_later(self.flush_interval, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self._closed:
+            self.flush()
+
+    def _write_pending(self) -> None:
+        if not self._pending:
+            return
+        data = b"".join(self._pending)
+        self._pending.clear()
+        fh = self._fh
+        if fh is self._raw:
+            view = memoryview(data)
+            while view:
+                n = fh.write(view)
+                view = view[n:]
+        else:
+            fh.write(data)
+            fh.flush(zlib.Z_SYNC_FLUSH)
+
+    def flush(self) -> None:
+        """Write every buffered line to the file now (whole lines only)."""
+        if self._closed:
+            return
+        self._write_pending()
+
+    def close(self) -> None:
+        """Flush and close the file (idempotent)."""
+        if self._closed:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._close_part()
+        self._closed = True
+
+    def __enter__(self) -> "CaptureWriter":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- records ---------------------------------------------------------------
+    def write_frame(self, flow: Flow, direction: str, frame: bytes, sent: bytes | None,
+                    ts_ns: int) -> None:
+        """Write one frame line for ``flow`` (``direction`` ``"req"``/``"resp"``),
+        redacting secrets unless :attr:`secrets` is set."""
+        if self._closed:
+            return
+        rec: dict[str, Any] = {
+            "type": "frame", "ts_ns": ts_ns, "conn": flow.conn, "dir": direction,
+            "client": flow.client, "upstream": flow.upstream, "flow": flow.id,
+            "api_key": flow.api_key, "api_version": flow.api_version,
+            "correlation_id": flow.correlation_id,
+        }
+        redacted = False
+        if not self.secrets:
+            token = SASL_TOKEN in flow.flags
+            r = redact_frame(self.codec, frame, direction, flow.api_key, flow.api_version,
+                             sasl_token=token)
+            if r is not None:
+                frame, redacted = r, True
+            if sent is not None:
+                r = redact_frame(self.codec, sent, direction, flow.api_key, flow.api_version,
+                                 sasl_token=token)
+                if r is not None:
+                    sent, redacted = r, True
+        rec["frame"] = _b64(frame)
+        if sent is not None and sent != frame:
+            rec["frame_sent"] = _b64(sent)
+        if flow.flags:
+            rec["flags"] = sorted(flow.flags)
+        if redacted:
+            rec["redacted"] = True
+            self.redacted += 1
+        self.frames += 1
+        self._append(rec)
+
+    def on_connect(self, conn: Any) -> None:
+        self._conn_line(conn, "open", getattr(conn, "opened", None) or time.time_ns())
+
+    def on_disconnect(self, conn: Any) -> None:
+        self._conn_line(conn, "close", time.time_ns())
+
+    def _conn_line(self, conn: Any, event: str, ts: int) -> None:
+        if self._closed:
+            return
+        self._append({"type": "conn", "event": event, "ts_ns": ts, "conn": conn.id,
+                      "client": conn.client, "upstream": conn.upstream_addr})
+
+    def on_request(self, flow: Flow) -> None:
+        if UNPAIRED in flow.flags:
+            return
+        self.write_frame(flow, "req", flow.request, flow.request_sent, flow.request_ns)
+
+    def on_flow(self, flow: Flow) -> None:
+        if flow.response is None:
+            return
+        self.write_frame(flow, "resp", flow.response, flow.response_sent,
+                         flow.response_ns or time.time_ns())
+
+
+# ---------------------------------------------------------------------------
+# CLI glue (used by ``kinspect proxy`` and ``kinspect demo``)
+# ---------------------------------------------------------------------------
+
+def _size(text: str) -> int:
+    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)i?[bB]?\s*", text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"expected a size like 1000000, 64M or 1G, got {text!r}")
+    n = int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+    if n <= 0:
+        raise argparse.ArgumentTypeError("size must be positive")
+    return n
+
+
+def add_capture_options(parser: argparse.ArgumentParser) -> None:
+    """Add ``--capture FILE``, ``--capture-max-bytes N`` and ``--capture-secrets``."""
+    g = parser.add_argument_group("capture")
+    g.add_argument("--capture", metavar="FILE",
+                   help="record every frame to FILE (JSON Lines; gzip if it ends in .gz); "
+                        "a bare file name goes under captures/")
+    g.add_argument("--capture-max-bytes", metavar="N", type=_size, default=None,
+                   help="rotate the capture when a part would exceed N bytes of JSON "
+                        "(suffixes K, M, G): FILE, FILE.1, FILE.2 ... named like cap.1.jsonl")
+    g.add_argument("--capture-secrets", action="store_true",
+                   help="keep SASL secrets in the capture (default: replaced by the marker "
+                        "'<kinspect:redacted>' repeated to the same length)")
+
+
+def _hostport(addr: Any) -> str:
+    if isinstance(addr, str):
+        return addr
+    if addr is None:
+        return ""
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
+def capture_addon_from_args(args: argparse.Namespace, proxy_config: Any,
+                            codec: Codec) -> CaptureWriter | None:
+    """The :class:`CaptureWriter` the command-line options ask for, or ``None``
+    without ``--capture``. Add it with ``proxy.pipeline.add(writer)``; the pipeline
+    closes it.
+
+    Raises:
+        OSError: the capture file cannot be created.
+    """
+    name = getattr(args, "capture", None)
+    if not name:
+        return None
+    path = resolve_capture_path(name)
+    writer = CaptureWriter(
+        path, codec,
+        upstream=_hostport(getattr(proxy_config, "upstream", None)),
+        listen=_hostport(getattr(proxy_config, "listen", None)),
+        secrets=bool(getattr(args, "capture_secrets", False)),
+        max_bytes=getattr(args, "capture_max_bytes", None),
+    )
+    log.info("capturing to %s%s", path, "" if writer.secrets else " (secrets redacted)")
+    return writer
+
+
+# ---------------------------------------------------------------------------
+# Reading
+# ---------------------------------------------------------------------------
+
+def _open_read(path: Path):
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    if magic == b"\x1f\x8b":
+        return gzip.open(path, "rb")
+    return open(path, "rb")
+
+
+def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(line number, record)``; a torn last line is skipped with a warning."""
+    try:
+        fh = _open_read(path)
+    except FileNotFoundError:
+        raise CaptureError("no such file", path) from None
+    except OSError as e:
+        raise CaptureError(f"cannot open: {e}", path) from None
+    with fh:
+        lineno = 0
+        prev: bytes | None = None
+        try:
+            for raw in fh:
+                if prev is not None:
+                    lineno += 1
+                    yield lineno, _parse(prev, path, lineno, last=False)
+                prev = raw
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            # a gzip stream cut short by a crash: everything before was readable
+            warnings.warn(f"{path}: compressed data ends early ({e}); "
+                          f"the lines after {lineno + (prev is not None)} are lost",
+                          CaptureWarning, stacklevel=3)
+            if prev is not None and prev.endswith(b"\n"):
+                lineno += 1
+                yield lineno, _parse(prev, path, lineno, last=False)
+            elif prev is not None:
+                warnings.warn(f"{path}:{lineno + 1}: torn last line skipped "
+                              f"({len(prev)} bytes)", CaptureWarning, stacklevel=3)
+            return
+        if prev is None:
+            return
+        lineno += 1
+        try:  # a last line without newline is kept when it is a whole JSON object
+            rec = _parse(prev, path, lineno, last=True)
+        except CaptureError as e:
+            warnings.warn(f"{e}; torn last line skipped ({len(prev)} bytes)", CaptureWarning,
+                          stacklevel=3)
+            return
+        yield lineno, rec
+
+
+def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
+    try:
+        rec = json.loads(raw)
+    except ValueError as e:
+        raise CaptureError(f"not a JSON line ({e})", path, lineno) from None
+    if not isinstance(rec, dict):
+        raise CaptureError("a line is not a JSON object", path, lineno)
+    return rec
+
+
+def read_capture(path: str | os.PathLike, *, parts: bool = True) -> Iterator[dict[str, Any]]:
+    """Yield every record (dict) of a capture file, in file order.
+
+    Args:
+        path: a ``.jsonl`` or ``.jsonl.gz`` capture (gzip is detected by content).
+        parts: also read the rotated parts ``FILE.1``, ``FILE.2`` ... that belong to
+            the same capture (same session ``start_ns``).
+
+    Warns:
+        CaptureWarning: a torn last line (crash while writing) was skipped.
+
+    Raises:
+        CaptureError: missing file, or a line other than the last that is not a
+            JSON object.
+    """
+    files = capture_parts(path) if parts else [Path(path)]
+    start = None
+    for i, p in enumerate(files):
+        first = True
+        for _, rec in _read_one(p):
+            if first and rec.get("type") == "session":
+                if i == 0:
+                    start = rec.get("start_ns")
+                elif start is not None and rec.get("start_ns") != start:
+                    return  # a stale part of another capture
+            elif first and i > 0:
+                return
+            first = False
+            yield rec
+
+
+@dataclass
+class FrameRef:
+    """One frame of a rebuilt capture, in file order: ``flow``, ``dir`` ("req"/"resp"),
+    ``ts_ns``."""
+
+    flow: Flow
+    dir: str
+    ts_ns: int
+
+
+@dataclass
+class Capture:
+    """A capture read back: the session line, rebuilt flows (by flow id order of
+    first appearance), frames in file order and connection events.
+
+    Attributes:
+        session: the first session record (``{}`` when the file has none).
+        flows: :class:`~kinspect.flows.Flow` objects, decoded when asked.
+        frames: :class:`FrameRef` list in file order.
+        conns: ``conn id -> {"client", "upstream", "open_ns", "close_ns"}``.
+    """
+
+    session: dict[str, Any] = field(default_factory=dict)
+    flows: list[Flow] = field(default_factory=list)
+    frames: list[FrameRef] = field(default_factory=list)
+    conns: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def flow(self, flow_id: int) -> Flow | None:
+        for f in self.flows:
+            if f.id == flow_id:
+                return f
+        return None
+
+
+def _decode_b64(rec: dict[str, Any], key: str, where: str) -> bytes | None:
+    v = rec.get(key)
+    if v is None:
+        return None
+    try:
+        return base64.b64decode(v, validate=True)
+    except (ValueError, TypeError):
+        raise CaptureError(f"{key} of {where} is not base64") from None
+
+
+_SASL_HANDSHAKE = 17
+_HHI = struct.Struct(">hhi").unpack_from
+
+
+def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = None, *,
+                       decode: bool = True) -> Capture:
+    """Rebuild flows from capture records (as yielded by :func:`read_capture`).
+
+    Frames are paired by their ``flow`` id when present; otherwise (captures of
+    other tools: only ``conn``, ``dir``, ``frame`` required) a response pairs with
+    the request of the same connection and correlation id, and raw SASL tokens
+    (after a successful SaslHandshake v0) pair in order, like the proxy does.
+    Missing ``api_key``/``api_version``/``correlation_id`` are read from the frame
+    header. Flows get ``redacted`` as a flag when a line was redacted; a request
+    without response on a connection that closed gets ``closed``.
+
+    Args:
+        codec: decodes the flows (default spec search path when ``None``).
+        decode: decode request/response bodies (``decode_flow``).
+
+    Raises:
+        CaptureError: a frame line without ``conn``/``dir``/``frame`` or with bad base64.
+    """
+    from .proxy.pipeline import decode_flow
+
+    codec = codec or Codec()
+    cap = Capture()
+    by_id: dict[int, Flow] = {}
+    pending: dict[tuple[int, int], Flow] = {}   # (conn, corr) -> flow awaiting a response
+    inflight: dict[int, list[Flow]] = {}        # conn -> flows awaiting responses, in order
+    sasl_raw: dict[int, bool] = {}
+    next_id = 0
+    order: list[Flow] = []
+
+    def new_flow(fid: int | None, rec: dict, api_key: int, api_version: int, corr: int,
+                 name: str, request: bytes, ts: int) -> Flow:
+        nonlocal next_id
+        if fid is None:
+            next_id += 1
+            fid = next_id
+            while fid in by_id:
+                next_id += 1
+                fid = next_id
+        else:
+            next_id = max(next_id, fid)
+        conn = int(rec.get("conn", 0))
+        info = cap.conns.get(conn, {})
+        f = Flow(fid, conn, rec.get("client") or info.get("client") or "",
+                 rec.get("upstream") or info.get("upstream") or "",
+                 api_key, api_version, corr, name, request, ts)
+        by_id[fid] = f
+        order.append(f)
+        return f
+
+    for n, rec in enumerate(records, 1):
+        typ = rec.get("type", "frame")
+        if typ == "session":
+            if not cap.session:
+                cap.session = rec
+            continue
+        if typ == "conn":
+            c = cap.conns.setdefault(int(rec.get("conn", 0)), {})
+            c.setdefault("client", rec.get("client"))
+            c.setdefault("upstream", rec.get("upstream"))
+            c["open_ns" if rec.get("event") == "open" else "close_ns"] = rec.get("ts_ns")
+            continue
+        if typ != "frame":
+            continue
+        if "conn" not in rec or "dir" not in rec or "frame" not in rec:
+            raise CaptureError(f"frame record {n} lacks conn, dir or frame")
+        where = f"record {n}"
+        frame = _decode_b64(rec, "frame", where) or b""
+        sent = _decode_b64(rec, "frame_sent", where)
+        conn = int(rec["conn"])
+        direction = rec["dir"]
+        ts = int(rec.get("ts_ns", 0))
+        flags = set(rec.get("flags") or ())
+        if rec.get("redacted"):
+            flags.add("redacted")
+        fid = rec.get("flow")
+        c = cap.conns.setdefault(conn, {})
+        c.setdefault("client", rec.get("client"))
+        c.setdefault("upstream", rec.get("upstream"))
+        if direction == "req":
+            api_key = rec.get("api_key")
+            api_version = rec.get("api_version")
+            corr = rec.get("correlation_id")
+            token = SASL_TOKEN in flags
+            if api_key is None:  # a capture of another tool: read the header
+                if len(frame) >= 8:
+                    k, v, cid = _HHI(frame, 0)
+                    if sasl_raw.get(conn) and codec.request_header_version(k, v) is None:
+                        token = True
+                    else:
+                        sasl_raw[conn] = False
+                        api_key, api_version, corr = k, v, cid
+                else:
+                    token = bool(sasl_raw.get(conn))
+                if token:
+                    flags.add(SASL_TOKEN)
+                if api_key is None:
+                    api_key, api_version, corr = -1, -1, -1
+                    if not token:
+                        flags.add(NO_RESPONSE)
+            if token:
+                name = "SaslToken"
+            elif api_key < 0:
+                name = "Malformed"
+            else:
+                name = codec.api_name(api_key)
+            flow = by_id.get(fid) if fid is not None else None
+            if flow is None:
+                flow = new_flow(fid, rec, api_key, api_version if api_version is not None else -1,
+                                corr if corr is not None else -1, name, frame, ts)
+            else:
+                flow.request, flow.request_ns = frame, ts
+            flow.request_sent = sent
+            flow.flags |= flags
+            if NO_RESPONSE not in flags and name != "Malformed":
+                if SASL_TOKEN in flow.flags:
+                    inflight.setdefault(conn, []).append(flow)
+                else:
+                    pending[(conn, flow.correlation_id)] = flow
+                    inflight.setdefault(conn, []).append(flow)
+            cap.frames.append(FrameRef(flow, "req", ts))
+        elif direction == "resp":
+            flow = by_id.get(fid) if fid is not None else None
+            q = inflight.get(conn, [])
+            if flow is None and fid is None:
+                if q and SASL_TOKEN in q[0].flags:
+                    flow = q[0]
+                elif len(frame) >= 4:
+                    corr = int.from_bytes(frame[:4], "big", signed=True)
+                    flow = pending.get((conn, corr))
+            if flow is None:
+                corr = rec.get("correlation_id")
+                if corr is None:
+                    corr = int.from_bytes(frame[:4], "big", signed=True) if len(frame) >= 4 else -1
+                api_key = rec.get("api_key", -1)
+                flow = new_flow(fid, rec, api_key, rec.get("api_version", -1), corr,
+                                "Unpaired" if api_key < 0 else codec.api_name(api_key), b"", ts)
+                if api_key < 0:
+                    flags.add(UNPAIRED)
+            else:
+                pending.pop((conn, flow.correlation_id), None)
+                if flow in q:
+                    q.remove(flow)
+            flow.response, flow.response_ns = frame, ts
+            flow.response_sent = sent
+            flow.flags |= flags
+            if (flow.api_key == _SASL_HANDSHAKE and flow.api_version == 0 and len(frame) >= 6
+                    and frame[4:6] == b"\x00\x00"):
+                sasl_raw[conn] = True
+            cap.frames.append(FrameRef(flow, "resp", ts))
+        else:
+            raise CaptureError(f"frame record {n} has dir {direction!r} (expected req or resp)")
+
+    for conn, q in inflight.items():
+        if cap.conns.get(conn, {}).get("close_ns") is not None:
+            for f in q:
+                if f.response is None:
+                    f.flags.add(CLOSED)
+    if decode:
+        for f in order:
+            if f.api_key >= 0:
+                decode_flow(codec, f)
+    cap.flows = order
+    return cap
+
+
+def load_capture(path: str | os.PathLike, codec: Codec | None = None, *,
+                 decode: bool = True) -> Capture:
+    """:func:`read_capture` + :func:`flows_from_records` (rotated parts followed).
+
+    Raises:
+        CaptureError: see both functions.
+    """
+    return flows_from_records(read_capture(path), codec, decode=decode)

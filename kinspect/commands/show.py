@@ -1,0 +1,95 @@
+"""``kinspect show CAPTURE``: the flow table of a capture, or one flow fully decoded.
+
+Examples::
+
+    kinspect show captures/example.jsonl
+    kinspect show captures/example.jsonl --filter '~api Produce | ~api Fetch'
+    kinspect show captures/example.jsonl --errors
+    kinspect show captures/example.jsonl --flow 11
+    kinspect show captures/example.jsonl --flow 11 --format json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import add_spec_options, make_codec
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("show", help="print the flows of a capture file (table, or one flow "
+                                    "decoded as a tree or JSON)",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("capture", metavar="CAPTURE",
+                   help="capture file (.jsonl or .jsonl.gz; rotated parts are followed)")
+    p.add_argument("--filter", "-f", metavar="EXPR",
+                   help="filter expression, e.g. '~api Produce & ~topic orders' "
+                        "(see kinspect.filters)")
+    p.add_argument("--errors", action="store_true",
+                   help="only flows with a non-zero error code (same as --filter '~err')")
+    p.add_argument("--flow", type=int, action="append", metavar="N",
+                   help="print flow N fully decoded (repeatable)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table/tree (default) or JSON")
+    p.add_argument("--bytes-limit", type=int, default=64, metavar="N",
+                   help="show at most N characters of keys, values and bytes fields "
+                        "(0: everything)")
+    add_spec_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..capture import load_capture
+    from ..filters import TopicIds, parse
+    from ..show import flow_json, flow_summary, flow_table, flow_tree
+
+    exprs = []
+    if args.filter:
+        exprs.append(f"({args.filter})")
+    if args.errors:
+        exprs.append("~err")
+    flt = parse(" & ".join(exprs)) if exprs else None  # parse before reading the file
+    codec = make_codec(args)
+    cap = load_capture(args.capture, codec)
+    ids = TopicIds().learn_all(cap.flows)
+    limit = args.bytes_limit or None
+    # a pipe or file gets full-width lines; a terminal at least 150 columns (a narrower
+    # table squeezes the api and records columns to nothing)
+    if sys.stdout.isatty():
+        console = Console()
+        console.width = max(console.width, 150)
+    else:
+        console = Console(width=100_000, soft_wrap=True)
+
+    if args.flow:
+        rc = 0
+        docs = []
+        for n in args.flow:
+            flow = cap.flow(n)
+            if flow is None:
+                print(f"kinspect: error: no flow {n} in {args.capture} "
+                      f"(flows {cap.flows[0].id}..{cap.flows[-1].id})" if cap.flows else
+                      f"kinspect: error: {args.capture} has no flows", file=sys.stderr)
+                rc = 1
+                continue
+            if args.format == "json":
+                docs.append(flow_json(flow, codec, topic_ids=ids, limit=limit))
+            else:
+                console.print(flow_tree(flow, codec, topic_ids=ids, limit=limit))
+        if docs:
+            print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
+        return rc
+
+    flows = [f for f in cap.flows if flt is None or flt.matches(f, topic_ids=ids)]
+    if args.format == "json":
+        print(json.dumps([flow_summary(f, ids) for f in flows], indent=2))
+        return 0
+    sess = cap.session
+    title = (f"{args.capture}: {len(flows)} of {len(cap.flows)} flows"
+             + (f" · upstream {sess.get('upstream')}" if sess.get("upstream") else ""))
+    console.print(flow_table(flows, ids, title=title))
+    return 0

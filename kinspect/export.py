@@ -1,0 +1,249 @@
+"""Export a capture as pcapng for Wireshark and tshark.
+
+Each proxied connection becomes one synthesised TCP connection between the
+client's address and the broker's (``client`` and ``upstream`` of the capture, so
+the broker's real port): a three-way handshake before its first frame, the Kafka
+frames (4-byte size prefix + frame) as data segments with consistent sequence and
+acknowledgement numbers per direction, and a FIN exchange after its last frame
+when the capture saw the connection close. Packets are Ethernet II / IPv4 (IPv6
+when an address is IPv6) / TCP with correct checksums; segments carry at most
+:data:`MSS` bytes. Timestamps are the capture's nanosecond ``ts_ns`` (interface
+``if_tsresol`` = 9). The pcapng blocks are written with the python-pcapng library.
+
+Host names that are not IP literals (e.g. an upstream ``localhost:9092``) get
+addresses from 198.18.0.0/15 (the benchmarking range), recorded in a Name
+Resolution Block so Wireshark shows the name.
+
+By default the bytes are the frames as received (``frame``); with ``sent=True``
+the bytes actually forwarded (``frame_sent`` where present: rewritten or mutated
+frames). Wireshark dissects Kafka on port 9092 by default; for other ports use
+``tshark -d tcp.port==PORT,kafka`` ("Decode As").
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import struct
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from pcapng import FileWriter, blocks
+
+from . import __version__
+from .capture import Capture
+from .filters import Filter, TopicIds
+
+__all__ = ["MSS", "ExportStats", "export_pcapng", "write_pcapng"]
+
+#: Largest TCP payload per synthesised segment (fits one IPv4 packet).
+MSS = 65000
+
+_ETH_CLIENT = bytes.fromhex("020000000001")
+_ETH_BROKER = bytes.fromhex("020000000002")
+_ETH_IPV4 = 0x0800
+_ETH_IPV6 = 0x86DD
+_FIN, _SYN, _PSH, _ACK = 0x01, 0x02, 0x08, 0x10
+_SIZE = struct.Struct(">i").pack
+
+
+@dataclass
+class ExportStats:
+    """What :func:`export_pcapng` wrote: ``packets``, ``frames`` (Kafka frames),
+    ``connections``, ``ports`` (broker ports, for ``-d tcp.port==P,kafka``)."""
+
+    packets: int = 0
+    frames: int = 0
+    connections: int = 0
+    ports: set[int] = field(default_factory=set)
+
+
+def _checksum(data: bytes) -> int:
+    """Internet checksum (RFC 1071) of ``data``."""
+    if len(data) % 2:
+        data += b"\x00"
+    total = int.from_bytes(data, "big")
+    s = total % 0xFFFF
+    if s == 0 and total:
+        s = 0xFFFF
+    return ~s & 0xFFFF
+
+
+def _split_hostport(text: str | None) -> tuple[str, int]:
+    text = (text or "").strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port = rest.lstrip(":")
+    else:
+        host, _, port = text.rpartition(":")
+    try:
+        return host, int(port)
+    except ValueError:
+        return text, 0
+
+
+class _Addresses:
+    def __init__(self) -> None:
+        self.synthetic: dict[str, ipaddress.IPv4Address] = {}
+
+    def resolve(self, host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+        try:
+            return ipaddress.ip_address(host.split("%", 1)[0])
+        except ValueError:
+            a = self.synthetic.get(host)
+            if a is None:
+                a = self.synthetic[host] = ipaddress.IPv4Address(
+                    int(ipaddress.IPv4Address("198.18.0.1")) + len(self.synthetic))
+            return a
+
+
+class _Tcp:
+    """One synthesised TCP connection: packet builders and sequence numbers."""
+
+    def __init__(self, conn: int, client: tuple[Any, int], broker: tuple[Any, int]):
+        (ca, cp), (ba, bp) = client, broker
+        if ca.version != ba.version:  # mixed families: map IPv4 into IPv6
+            ca = ca if ca.version == 6 else ipaddress.IPv6Address(f"::ffff:{ca}")
+            ba = ba if ba.version == 6 else ipaddress.IPv6Address(f"::ffff:{ba}")
+        self.v6 = ca.version == 6
+        self.addr = {"c": ca.packed, "b": ba.packed}
+        self.port = {"c": cp or (40000 + conn % 20000), "b": bp or 9092}
+        # deterministic initial sequence numbers per connection
+        self.seq = {"c": (conn * 0x01000193) & 0xFFFFFFFF, "b": (conn * 0x9E3779B1) & 0xFFFFFFFF}
+        self.ip_id = {"c": 0, "b": 0}
+
+    def packet(self, side: str, flags: int, payload: bytes = b"") -> bytes:
+        other = "b" if side == "c" else "c"
+        src, dst = self.addr[side], self.addr[other]
+        seq = self.seq[side]
+        ack = self.seq[other] if flags & _ACK else 0
+        tcp = struct.pack(">HHIIBBHHH", self.port[side], self.port[other], seq, ack, 5 << 4,
+                          flags, 65535, 0, 0)
+        seg_len = len(tcp) + len(payload)
+        if self.v6:
+            pseudo = src + dst + struct.pack(">IxxxB", seg_len, 6)
+        else:
+            pseudo = src + dst + struct.pack(">xBH", 6, seg_len)
+        csum = _checksum(pseudo + tcp + payload)
+        tcp = tcp[:16] + struct.pack(">H", csum) + tcp[18:]
+        if self.v6:
+            ip = struct.pack(">IHBB", 6 << 28, seg_len, 6, 64) + src + dst
+            eth_type = _ETH_IPV6
+        else:
+            self.ip_id[side] = (self.ip_id[side] + 1) & 0xFFFF
+            hdr = struct.pack(">BBHHHBBH", 0x45, 0, 20 + seg_len, self.ip_id[side], 0x4000, 64,
+                              6, 0) + src + dst
+            ip = hdr[:10] + struct.pack(">H", _checksum(hdr)) + hdr[12:]
+            eth_type = _ETH_IPV4
+        macs = (_ETH_BROKER + _ETH_CLIENT) if side == "c" else (_ETH_CLIENT + _ETH_BROKER)
+        advance = len(payload) + (1 if flags & (_SYN | _FIN) else 0)
+        self.seq[side] = (seq + advance) & 0xFFFFFFFF
+        return macs + struct.pack(">H", eth_type) + ip + tcp + payload
+
+    def data(self, side: str, payload: bytes, mss: int) -> list[bytes]:
+        out = []
+        for i in range(0, len(payload), mss):
+            chunk = payload[i:i + mss]
+            last = i + mss >= len(payload)
+            out.append(self.packet(side, _ACK | (_PSH if last else 0), chunk))
+        return out
+
+
+def write_pcapng(fh: BinaryIO, events: list[tuple[int, bytes]],
+                 names: dict[str, Any] | None = None) -> None:
+    """Write Ethernet packets ``(ts_ns, bytes)`` as a pcapng section (one interface,
+    nanosecond timestamps), with a Name Resolution Block for ``names``
+    (``{host name: IP address}``) when given."""
+    shb = blocks.SectionHeader(options={"shb_userappl": f"kinspect {__version__}"})
+    shb.new_member(blocks.InterfaceDescription, link_type=1, snaplen=262144,
+                   options={"if_name": "kinspect", "if_tsresol": b"\x09"})
+    with warnings.catch_warnings():
+        # python-pcapng's own schema declares if_tsresol without a type and warns on it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        writer = FileWriter(fh, shb)
+    if names:
+        recs = []
+        for name, addr in names.items():
+            recs.append({"type": 1 if addr.version == 4 else 2, "address": str(addr),
+                         "names": [name]})
+        writer.write_block(shb.new_member(blocks.NameResolution, records=recs))
+    for ts, pkt in events:
+        writer.write_block(shb.new_member(
+            blocks.EnhancedPacket, interface_id=0, timestamp_high=(ts >> 32) & 0xFFFFFFFF,
+            timestamp_low=ts & 0xFFFFFFFF, packet_data=pkt, packet_len=len(pkt)))
+
+
+def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
+                  flt: Filter | None = None, sent: bool = False, mss: int = MSS) -> ExportStats:
+    """Write ``capture`` (from :func:`kinspect.capture.load_capture`) as pcapng.
+
+    Args:
+        out: path or binary file object.
+        flt: keep only the frames it matches (``flt.matches_frame(flow, dir)``, so
+            ``~dir`` selects directions); TCP sequence numbers stay contiguous over
+            the frames kept.
+        sent: use the bytes forwarded (``frame_sent``) instead of those received.
+        mss: largest TCP payload per packet.
+
+    Returns:
+        :class:`ExportStats`.
+
+    Raises:
+        OSError: ``out`` cannot be written.
+    """
+    ids = TopicIds().learn_all(capture.flows) if flt is not None else None
+    selected = []
+    for ref in capture.frames:
+        flow = ref.flow
+        data = flow.request if ref.dir == "req" else flow.response
+        if ref.dir == "req" and not data:
+            continue
+        if sent:
+            alt = flow.request_sent if ref.dir == "req" else flow.response_sent
+            data = alt if alt is not None else data
+        if flt is not None and not flt.matches_frame(flow, ref.dir, topic_ids=ids):
+            continue
+        selected.append((ref, data))
+    last_index: dict[int, int] = {}
+    for i, (ref, _) in enumerate(selected):
+        last_index[ref.flow.conn] = i
+
+    addrs = _Addresses()
+    stats = ExportStats()
+    conns: dict[int, _Tcp] = {}
+    events: list[tuple[int, bytes]] = []
+    for i, (ref, data) in enumerate(selected):
+        flow = ref.flow
+        cid = flow.conn
+        tcp = conns.get(cid)
+        info = capture.conns.get(cid, {})
+        if tcp is None:
+            ch, cp = _split_hostport(info.get("client") or flow.client)
+            bh, bp = _split_hostport(info.get("upstream") or flow.upstream)
+            tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch), cp), (addrs.resolve(bh), bp))
+            stats.connections += 1
+            stats.ports.add(tcp.port["b"])
+            t0 = info.get("open_ns") or ref.ts_ns
+            t0 = min(t0, ref.ts_ns)
+            events.append((t0, tcp.packet("c", _SYN)))
+            events.append((t0, tcp.packet("b", _SYN | _ACK)))
+            events.append((t0, tcp.packet("c", _ACK)))
+        side = "c" if ref.dir == "req" else "b"
+        for pkt in tcp.data(side, _SIZE(len(data)) + data, mss):
+            events.append((ref.ts_ns, pkt))
+        stats.frames += 1
+        if last_index[cid] == i and info.get("close_ns") is not None:
+            t1 = max(info["close_ns"], ref.ts_ns)
+            events.append((t1, tcp.packet("c", _FIN | _ACK)))
+            events.append((t1, tcp.packet("b", _FIN | _ACK)))
+            events.append((t1, tcp.packet("c", _ACK)))
+    stats.packets = len(events)
+    if isinstance(out, (str, os.PathLike)):
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        with open(out, "wb") as fh:
+            write_pcapng(fh, events, addrs.synthetic)
+    else:
+        write_pcapng(out, events, addrs.synthetic)
+    return stats

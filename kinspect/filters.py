@@ -1,0 +1,498 @@
+"""The flow filter language, in the spirit of mitmproxy's: one language for the live
+view, ``show``, replay and export.
+
+Grammar (``!`` binds tightest, then ``&``, then ``|``; terms written side by side
+are joined by ``&``)::
+
+    expr   := or
+    or     := and ("|" and)*
+    and    := unary (["&"] unary)*
+    unary  := "!" unary | "(" expr ")" | term
+    term   := "~" NAME [ARG]
+
+``ARG`` is a bare word (up to whitespace or one of ``( ) & | !``) or a quoted
+string (``"..."`` or ``'...'``, backslash escapes). Only ``~dir`` takes ``|``
+inside a bare word (``~dir req|resp``); elsewhere quote it (``~client "a|b"``).
+
+Terms:
+
+==================  ===============================================================
+``~api X``          api name (case-insensitive: ``Produce``, ``produce``) or api key
+                    (``~api 0``); also ``SaslToken``, ``Unpaired``, ``Malformed``
+``~v N``            api version: ``9``, ``7-9``, ``7-``, ``-3``, ``1,3,5-6``
+``~dir D``          direction ``req``, ``resp`` or ``req|resp`` (frame level: on a
+                    flow, ``~dir resp`` means "has a response")
+``~client RE``      regular expression searched in the client id
+``~addr RE``        regular expression searched in the client or broker ``host:port``
+``~conn N``         connection id (same ranges as ``~v``)
+``~corr N``         correlation id (same ranges)
+``~topic NAME``     a topic named in the request or response (fields whose spec
+                    ``entityType`` is ``topicName``, and topic ids resolved through
+                    Metadata responses when a :class:`TopicIds` index is given)
+``~err [N]``        a non-zero ``ErrorCode`` anywhere in the response (or code ``N``)
+``~undecoded``      flag ``undecoded``; likewise ``~mutated``, ``~rewritten``,
+                    ``~sasl``, ``~closed``, ``~unpaired``, ``~noresp``
+``~flag NAME``      any flow flag by name (e.g. ``decode-skipped``, ``redacted``)
+``~all``            every flow
+==================  ===============================================================
+
+Errors: :class:`FilterError` (a :class:`~kinspect.codec.KinspectError`) with the
+``position`` (0-based character offset) of the problem.
+
+Use::
+
+    f = parse("~api Produce & !~err")
+    [fl for fl in flows if f.matches(fl)]
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
+
+from .codec import KinspectError
+from .flows import (CLOSED, MUTATED, NO_RESPONSE, REWRITTEN, SASL_TOKEN, UNDECODED, UNPAIRED,
+                    Flow)
+
+__all__ = ["FilterError", "Filter", "parse", "TopicIds", "flow_topics", "error_codes",
+           "TERMS"]
+
+
+class FilterError(KinspectError):
+    """A filter expression that does not parse.
+
+    Attributes:
+        expr: the expression.
+        position: 0-based character offset of the problem.
+        reason: what is wrong.
+    """
+
+    def __init__(self, reason: str, expr: str, position: int):
+        self.reason = reason
+        self.expr = expr
+        self.position = position
+        super().__init__(f"bad filter at position {position}: {reason}\n  {expr}\n  "
+                         + " " * position + "^")
+
+
+# ---------------------------------------------------------------------------
+# Flow facts used by terms
+# ---------------------------------------------------------------------------
+
+class TopicIds:
+    """Topic id → name index learned from Metadata responses (Fetch and Produce
+    since v13 name topics only by id). ``learn(flow)`` is cheap for other flows."""
+
+    def __init__(self) -> None:
+        self.names: dict[bytes, str] = {}
+
+    def learn(self, flow: Flow) -> None:
+        resp = flow.response_decoded
+        if flow.api_key != 3 or resp is None or resp.body is None:
+            return
+        for t in resp.body.get("Topics") or ():
+            tid, name = t.get("TopicId"), t.get("Name")
+            if tid and name and any(tid):
+                self.names[bytes(tid)] = name
+
+    def learn_all(self, flows: Iterable[Flow]) -> "TopicIds":
+        for f in flows:
+            self.learn(f)
+        return self
+
+    def name(self, topic_id: bytes | None) -> str | None:
+        return self.names.get(bytes(topic_id)) if topic_id else None
+
+
+def _walk(value: Any) -> Iterator[tuple[Any, Any]]:
+    """Yield ``(field spec, value)`` for every field of a decoded struct, depth first."""
+    spec = getattr(value, "_spec", None)
+    if spec is None:
+        return
+    stack = [value]
+    while stack:
+        s = stack.pop()
+        for f in s._spec.fields:
+            v = getattr(s, f.name)
+            yield f, v
+            if v is not None and f.struct is not None:
+                if f.is_array:
+                    stack.extend(reversed(v))
+                else:
+                    stack.append(v)
+
+
+def flow_topics(flow: Flow, topic_ids: TopicIds | None = None) -> set[str]:
+    """Topic names a flow mentions: string fields whose spec ``entityType`` is
+    ``topicName`` in the request and response bodies, plus ``TopicId`` uuids
+    resolved through ``topic_ids``."""
+    out: set[str] = set()
+    for msg in (flow.request_decoded, flow.response_decoded):
+        body = getattr(msg, "body", None)
+        if body is None:
+            continue
+        for f, v in _walk(body):
+            if v is None:
+                continue
+            if f.entity_type == "topicName":
+                if isinstance(v, str):
+                    out.add(v)
+                elif isinstance(v, list):
+                    out.update(x for x in v if isinstance(x, str))
+            elif topic_ids is not None and f.type == "uuid" and f.name == "TopicId":
+                n = topic_ids.name(v)
+                if n:
+                    out.add(n)
+    return out
+
+
+def error_codes(flow: Flow) -> list[int]:
+    """Every ``ErrorCode`` value (int fields named ``ErrorCode``) in the decoded
+    response, in walk order."""
+    resp = flow.response_decoded
+    body = getattr(resp, "body", None)
+    if body is None:
+        return []
+    return [v for f, v in _walk(body) if f.name == "ErrorCode" and isinstance(v, int)]
+
+
+# ---------------------------------------------------------------------------
+# Filter objects
+# ---------------------------------------------------------------------------
+
+class Filter:
+    """A compiled filter. ``matches(flow)`` for flow lists; ``matches_frame(flow, dir)``
+    for one frame of a flow (``dir`` ``"req"``/``"resp"``; only ``~dir`` differs).
+
+    ``topic_ids`` (a :class:`TopicIds`) lets ``~topic`` resolve topic ids; set it on
+    the root filter or pass it to ``matches``.
+    """
+
+    text: str = ""
+    topic_ids: TopicIds | None = None
+
+    def matches(self, flow: Flow, *, topic_ids: TopicIds | None = None) -> bool:
+        return self._eval(flow, None, topic_ids or self.topic_ids)
+
+    def matches_frame(self, flow: Flow, direction: str, *,
+                      topic_ids: TopicIds | None = None) -> bool:
+        return self._eval(flow, direction, topic_ids or self.topic_ids)
+
+    def _eval(self, flow: Flow, direction: str | None, ids: TopicIds | None) -> bool:
+        raise NotImplementedError
+
+    def __call__(self, flow: Flow) -> bool:
+        return self.matches(flow)
+
+    def __repr__(self) -> str:
+        return f"Filter({self.text!r})"
+
+
+class _And(Filter):
+    def __init__(self, parts: list[Filter]):
+        self.parts = parts
+
+    def _eval(self, flow, direction, ids):
+        return all(p._eval(flow, direction, ids) for p in self.parts)
+
+
+class _Or(Filter):
+    def __init__(self, parts: list[Filter]):
+        self.parts = parts
+
+    def _eval(self, flow, direction, ids):
+        return any(p._eval(flow, direction, ids) for p in self.parts)
+
+
+class _Not(Filter):
+    def __init__(self, inner: Filter):
+        self.inner = inner
+
+    def _eval(self, flow, direction, ids):
+        return not self.inner._eval(flow, direction, ids)
+
+
+class _Term(Filter):
+    def __init__(self, fn: Callable[[Flow, str | None, TopicIds | None], bool]):
+        self.fn = fn
+
+    def _eval(self, flow, direction, ids):
+        return self.fn(flow, direction, ids)
+
+
+# ---------------------------------------------------------------------------
+# Terms
+# ---------------------------------------------------------------------------
+
+@dataclass
+class _TermSpec:
+    arg: str | None  # None: no argument; "required"; "optional"
+    build: Callable[[str | None, Callable[[str], FilterError]], Callable]
+    help: str
+
+
+def _ranges(arg: str, err: Callable[[str], FilterError]) -> Callable[[int], bool]:
+    parts = []
+    for piece in arg.split(","):
+        m = re.fullmatch(r"\s*(\d+)?\s*(-)?\s*(\d+)?\s*", piece)
+        if not piece.strip() or not m or (m.group(2) is None and m.group(3) is not None) \
+                or (m.group(1) is None and m.group(3) is None):
+            raise err(f"expected a number or range like 7, 7-9, 7- or -3, got {piece!r}")
+        lo = int(m.group(1)) if m.group(1) is not None else None
+        if m.group(2) is None:
+            parts.append((lo, lo))
+        else:
+            hi = int(m.group(3)) if m.group(3) is not None else None
+            if lo is not None and hi is not None and lo > hi:
+                raise err(f"empty range {piece!r}")
+            parts.append((lo, hi))
+
+    def test(n: int) -> bool:
+        return any((lo is None or n >= lo) and (hi is None or n <= hi) for lo, hi in parts)
+
+    return test
+
+
+def _regex(arg: str, err) -> re.Pattern:
+    try:
+        return re.compile(arg)
+    except re.error as e:
+        raise err(f"bad regular expression: {e}") from None
+
+
+def _t_api(arg, err):
+    if re.fullmatch(r"-?\d+", arg):
+        key = int(arg)
+        return lambda f, d, i: f.api_key == key
+    name = arg.lower()
+    for suffix in ("request", "response"):
+        if name.endswith(suffix) and len(name) > len(suffix):
+            name = name[: -len(suffix)]
+    return lambda f, d, i: f.api_name.lower() == name
+
+
+def _t_version(arg, err):
+    test = _ranges(arg, err)
+    return lambda f, d, i: f.api_version >= 0 and test(f.api_version)
+
+
+def _t_dir(arg, err):
+    dirs = set(arg.lower().split("|"))
+    bad = dirs - {"req", "resp"}
+    if bad or not dirs:
+        raise err(f"~dir takes req, resp or req|resp, got {arg!r}")
+
+    def fn(f, d, i):
+        if d is not None:
+            return d in dirs
+        return ("req" in dirs and bool(f.request)) or ("resp" in dirs and f.response is not None)
+    return fn
+
+
+def _t_client(arg, err):
+    rx = _regex(arg, err)
+    return lambda f, d, i: f.client_id is not None and rx.search(f.client_id) is not None
+
+
+def _t_addr(arg, err):
+    rx = _regex(arg, err)
+    return lambda f, d, i: bool(rx.search(f.client or "") or rx.search(f.upstream or ""))
+
+
+def _t_conn(arg, err):
+    test = _ranges(arg, err)
+    return lambda f, d, i: test(f.conn)
+
+
+def _t_corr(arg, err):
+    test = _ranges(arg, err)
+    return lambda f, d, i: test(f.correlation_id)
+
+
+def _t_topic(arg, err):
+    return lambda f, d, i: arg in flow_topics(f, i)
+
+
+def _t_err(arg, err):
+    if arg is None:
+        return lambda f, d, i: any(c != 0 for c in error_codes(f))
+    test = _ranges(arg, err)
+    return lambda f, d, i: any(test(c) for c in error_codes(f))
+
+
+def _flag(name):
+    return lambda arg, err: (lambda f, d, i: name in f.flags)
+
+
+def _t_flag(arg, err):
+    return lambda f, d, i: arg in f.flags
+
+
+def _t_all(arg, err):
+    return lambda f, d, i: True
+
+
+TERMS: dict[str, _TermSpec] = {
+    "api": _TermSpec("required", _t_api, "api name or key"),
+    "v": _TermSpec("required", _t_version, "api version or range"),
+    "dir": _TermSpec("required", _t_dir, "req, resp or req|resp"),
+    "client": _TermSpec("required", _t_client, "regex on the client id"),
+    "addr": _TermSpec("required", _t_addr, "regex on client/broker host:port"),
+    "conn": _TermSpec("required", _t_conn, "connection id or range"),
+    "corr": _TermSpec("required", _t_corr, "correlation id or range"),
+    "topic": _TermSpec("required", _t_topic, "topic name"),
+    "err": _TermSpec("optional", _t_err, "non-zero error code, or the given code(s)"),
+    "undecoded": _TermSpec(None, _flag(UNDECODED), "could not be decoded"),
+    "mutated": _TermSpec(None, _flag(MUTATED), "changed by a rule"),
+    "rewritten": _TermSpec(None, _flag(REWRITTEN), "broker addresses rewritten"),
+    "sasl": _TermSpec(None, _flag(SASL_TOKEN), "raw SASL token"),
+    "closed": _TermSpec(None, _flag(CLOSED), "connection closed before the response"),
+    "unpaired": _TermSpec(None, _flag(UNPAIRED), "response without request"),
+    "noresp": _TermSpec(None, _flag(NO_RESPONSE), "request without response (acks=0)"),
+    "flag": _TermSpec("required", _t_flag, "any flag by name"),
+    "all": _TermSpec(None, _t_all, "every flow"),
+}
+
+
+# ---------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------
+
+_OPS = "()&|!"
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.text = text
+        self.pos = 0
+
+    def err(self, reason: str, pos: int | None = None) -> FilterError:
+        return FilterError(reason, self.text, self.pos if pos is None else pos)
+
+    def skip_ws(self) -> None:
+        while self.pos < len(self.text) and self.text[self.pos].isspace():
+            self.pos += 1
+
+    def peek(self) -> str:
+        self.skip_ws()
+        return self.text[self.pos] if self.pos < len(self.text) else ""
+
+    def parse(self) -> Filter:
+        if not self.text.strip():
+            raise self.err("empty filter")
+        f = self.parse_or()
+        if self.peek():
+            if self.peek() == ")":
+                raise self.err("unbalanced ')'")
+            raise self.err(f"unexpected {self.text[self.pos]!r}")
+        return f
+
+    def parse_or(self) -> Filter:
+        parts = [self.parse_and()]
+        while self.peek() == "|":
+            self.pos += 1
+            parts.append(self.parse_and())
+        return parts[0] if len(parts) == 1 else _Or(parts)
+
+    def parse_and(self) -> Filter:
+        parts = [self.parse_unary()]
+        while True:
+            c = self.peek()
+            if c == "&":
+                self.pos += 1
+                parts.append(self.parse_unary())
+            elif c and c in "~!(":
+                parts.append(self.parse_unary())  # implicit &
+            else:
+                break
+        return parts[0] if len(parts) == 1 else _And(parts)
+
+    def parse_unary(self) -> Filter:
+        c = self.peek()
+        if c == "!":
+            self.pos += 1
+            return _Not(self.parse_unary())
+        if c == "(":
+            start = self.pos
+            self.pos += 1
+            f = self.parse_or()
+            if self.peek() != ")":
+                raise self.err(f"missing ')' for the '(' at position {start}")
+            self.pos += 1
+            return f
+        if c == "~":
+            return self.parse_term()
+        if not c:
+            raise self.err("expression ends too early: expected a term like ~api Produce")
+        if c in "&|)":
+            raise self.err(f"expected a term like ~api Produce before {c!r}")
+        raise self.err("expected a term starting with '~' (e.g. ~api Produce, ~topic orders)")
+
+    def parse_term(self) -> Filter:
+        start = self.pos
+        self.pos += 1
+        m = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*").match(self.text, self.pos)
+        if not m:
+            raise self.err("expected a term name after '~'")
+        name = m.group(0)
+        spec = TERMS.get(name.lower())
+        if spec is None:
+            raise self.err(f"unknown term ~{name} (known: "
+                           + ", ".join("~" + t for t in TERMS) + ")", start)
+        self.pos = m.end()
+        arg = None
+        arg_pos = self.pos
+        if spec.arg is not None:
+            self.skip_ws()
+            arg_pos = self.pos
+            arg = self.parse_arg(allow_bar=name.lower() == "dir")
+            if arg is None and spec.arg == "required":
+                raise self.err(f"~{name} needs an argument ({spec.help})")
+
+        def err(reason: str) -> FilterError:
+            return FilterError(f"~{name}: {reason}", self.text, arg_pos)
+
+        f = _Term(spec.build(arg, err))
+        return f
+
+    def parse_arg(self, allow_bar: bool) -> str | None:
+        if self.pos >= len(self.text):
+            return None
+        c = self.text[self.pos]
+        if c in "\"'":
+            quote, start = c, self.pos
+            self.pos += 1
+            out = []
+            while self.pos < len(self.text):
+                ch = self.text[self.pos]
+                if ch == "\\" and self.pos + 1 < len(self.text):
+                    out.append(self.text[self.pos + 1])
+                    self.pos += 2
+                    continue
+                if ch == quote:
+                    self.pos += 1
+                    return "".join(out)
+                out.append(ch)
+                self.pos += 1
+            raise self.err("unterminated quoted string", start)
+        stops = "()&!" if allow_bar else _OPS
+        start = self.pos
+        while (self.pos < len(self.text) and not self.text[self.pos].isspace()
+               and self.text[self.pos] not in stops):
+            self.pos += 1
+        if self.pos == start or self.text[start] == "~":
+            self.pos = start
+            return None
+        return self.text[start:self.pos]
+
+
+def parse(expr: str) -> Filter:
+    """Compile a filter expression (see the module docstring).
+
+    Raises:
+        FilterError: with the position of the problem.
+    """
+    f = _Parser(expr).parse()
+    f.text = expr
+    return f

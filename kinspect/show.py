@@ -1,0 +1,637 @@
+"""Rendering flows for people: the flow table (``kinspect show``, the live view) and
+one flow fully decoded (``show --flow N``: a rich tree, or JSON).
+
+Reusable pieces:
+
+* :data:`COLUMNS` and :func:`flow_row` — one table row per flow (display strings);
+  :func:`flow_summary` gives the same facts as raw values; :func:`flow_table`
+  builds a :class:`rich.table.Table`.
+* :func:`flow_tree` — a :class:`rich.tree.Tree` of the request and response
+  (header, body, record batches of ``records`` fields, before/after diff of
+  rewritten or mutated frames); :func:`flow_json` — the same as JSON-able dicts.
+* :func:`records_fields` — the ``records`` fields of a decoded message, found
+  through the spec (fields of type ``records``), with their topic and partition;
+  decoded with :func:`kinspect.codec.records.decode_records` (a truncated batch at
+  the end is reported as ``partial``, not as an error).
+* :func:`frame_diff` — decode two frames and diff their ``to_dict`` trees and bytes.
+
+Sizes are frame bytes without the 4-byte size prefix; latencies milliseconds;
+record timestamps epoch milliseconds shown as UTC ISO-8601.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from rich.table import Table
+from rich.text import Text
+from rich.tree import Tree
+
+from .codec import Codec, DecodeError
+from .codec.records import RecordSet, decode_records, render_bytes
+from .codec.spec import uuid_to_text
+from .filters import TopicIds
+
+__all__ = ["COLUMNS", "RecordsField", "records_fields", "records_summary", "flow_summary",
+           "flow_row", "flow_table", "flow_tree", "flow_json", "frame_diff", "error_name",
+           "format_time", "format_latency"]
+
+#: ``(key, header, justify)`` of the flow table, in order (shared with the live view).
+COLUMNS: list[tuple[str, str, str]] = [
+    ("id", "#", "right"),
+    ("time", "time", "left"),
+    ("conn", "conn", "right"),
+    ("client_id", "client id", "left"),
+    ("api", "api", "left"),
+    ("corr", "corr", "right"),
+    ("req_bytes", "req B", "right"),
+    ("resp_bytes", "resp B", "right"),
+    ("latency", "ms", "right"),
+    ("error", "error", "left"),
+    ("flags", "flags", "left"),
+    ("records", "records", "left"),
+]
+
+#: Columns that wrap when the table is too wide (the others keep their width).
+_WRAPPING = {"client_id": 10, "error": 12, "flags": 8, "records": 16}
+
+#: Per-flow summary of decoded records is capped to this many decompressed bytes.
+SUMMARY_MAX_DECOMPRESSED = 16 * 1024 * 1024
+
+
+def error_name(code: int | None) -> str:
+    """``"TOPIC_ALREADY_EXISTS"`` for 36 (kafka-python's error table), ``""`` for
+    ``None``, ``"ERROR_<n>"`` for codes it does not know."""
+    if code is None:
+        return ""
+    try:
+        from kafka.errors import kafka_errors
+        cls = kafka_errors.get(code)
+    except ImportError:  # pragma: no cover - kafka-python is a dependency
+        cls = None
+    return cls.message if cls is not None else f"ERROR_{code}"
+
+
+def format_time(ns: int | None) -> str:
+    """Local wall-clock ``HH:MM:SS.mmm`` of a ``time.time_ns()`` value."""
+    if not ns:
+        return ""
+    t = _dt.datetime.fromtimestamp(ns / 1e9)
+    return t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+
+
+def format_latency(ns: int | None) -> str:
+    """Milliseconds with 2 decimals (``""`` when unknown)."""
+    return "" if ns is None else f"{ns / 1e6:.2f}"
+
+
+def _ts_ms(ms: int | None) -> str:
+    if ms is None:
+        return "null"
+    if ms < 0:
+        return str(ms)
+    try:
+        return _dt.datetime.fromtimestamp(ms / 1000, _dt.timezone.utc).strftime(
+            "%Y-%m-%dT%H:%M:%S.") + f"{ms % 1000:03d}Z"
+    except (OverflowError, OSError, ValueError):
+        return str(ms)
+
+
+# ---------------------------------------------------------------------------
+# Records fields
+# ---------------------------------------------------------------------------
+
+@dataclass
+class RecordsField:
+    """One ``records`` field of a decoded message.
+
+    Attributes:
+        path: field path, e.g. ``"TopicData[0].PartitionData[1].Records"``.
+        topic: topic name, or the topic id text (``TopicId``) when only an id is
+            known, or ``None``.
+        partition: partition index (the int32 field ``Index``/``PartitionIndex``/
+            ``Partition`` beside the records), or ``None``.
+        data: the raw bytes (``None`` for a null field).
+    """
+
+    path: str
+    topic: str | None
+    partition: int | None
+    data: bytes | None
+
+    def decode(self, max_decompressed: int | None = None) -> RecordSet:
+        """Decode the batches (:func:`~kinspect.codec.records.decode_records`).
+
+        Raises:
+            DecodeError: malformed record data.
+        """
+        if max_decompressed is None:
+            return decode_records(self.data)
+        return decode_records(self.data, max_decompressed=max_decompressed)
+
+
+_PARTITION_NAMES = ("Index", "PartitionIndex", "Partition")
+
+
+def records_fields(body: Any, topic_ids: TopicIds | None = None) -> list[RecordsField]:
+    """Every field of spec type ``records`` in a decoded body (depth first), with the
+    topic of the nearest enclosing struct that names one (a field with
+    ``entityType: topicName``, or a ``TopicId`` resolved by ``topic_ids``) and the
+    partition index beside it."""
+    out: list[RecordsField] = []
+
+    def visit(s: Any, path: str, topic: str | None) -> None:
+        spec = s._spec
+        part = None
+        for f in spec.fields:
+            v = getattr(s, f.name)
+            if f.entity_type == "topicName" and isinstance(v, str) and v:
+                topic = v
+            elif f.type == "uuid" and f.name == "TopicId" and v and any(v) and not topic:
+                name = topic_ids.name(v) if topic_ids is not None else None
+                topic = name or uuid_to_text(bytes(v))
+            elif f.name in _PARTITION_NAMES and f.type == "int32":
+                part = v
+        for f in spec.fields:
+            v = getattr(s, f.name)
+            p = f"{path}.{f.name}" if path else f.name
+            if f.type == "records":
+                out.append(RecordsField(p, topic, part, None if v is None else bytes(v)))
+            elif f.struct is not None and v is not None:
+                if f.is_array:
+                    for i, item in enumerate(v):
+                        visit(item, f"{p}[{i}]", topic)
+                else:
+                    visit(v, p, topic)
+
+    if body is not None and hasattr(body, "_spec"):
+        visit(body, "", None)
+    return out
+
+
+def _flow_records(flow: Any, topic_ids: TopicIds | None) -> list[tuple[str, RecordsField]]:
+    out = []
+    for direction, msg in (("req", flow.request_decoded), ("resp", flow.response_decoded)):
+        body = getattr(msg, "body", None)
+        if body is not None:
+            out += [(direction, rf) for rf in records_fields(body, topic_ids)]
+    return out
+
+
+def records_summary(flow: Any, topic_ids: TopicIds | None = None) -> list[dict[str, Any]]:
+    """Per ``records`` field of the flow: ``{"dir", "topic", "partition", "records",
+    "batches", "compression" (sorted names), "bytes", "partial" (bool), "error"}``.
+    Empty fields (0 bytes or null) are left out."""
+    out = []
+    for direction, rf in _flow_records(flow, topic_ids):
+        if not rf.data:
+            continue
+        item = {"dir": direction, "topic": rf.topic, "partition": rf.partition,
+                "records": 0, "batches": 0, "compression": [], "bytes": len(rf.data),
+                "partial": False, "error": None}
+        try:
+            rs = rf.decode(SUMMARY_MAX_DECOMPRESSED)
+        except DecodeError as e:
+            item["error"] = str(e)
+        else:
+            item["records"] = rs.record_count
+            item["batches"] = len(rs.batches)
+            item["compression"] = sorted({b.compression for b in rs.batches})
+            item["partial"] = rs.partial is not None
+        out.append(item)
+    return out
+
+
+def _records_text(items: list[dict[str, Any]], max_items: int = 2) -> str:
+    if not items:
+        return ""
+    parts = []
+    for it in items[:max_items]:
+        comp = ",".join(c for c in it["compression"] if c != "none")
+        s = f"{it['topic'] or '?'}[{it['partition'] if it['partition'] is not None else '?'}] "
+        s += "error" if it["error"] else f"{it['records']} rec"
+        if comp:
+            s += f" {comp}"
+        if it["partial"]:
+            s += " +partial"
+        parts.append(s)
+    text = ", ".join(parts)
+    if len(items) > max_items:
+        total = sum(it["records"] for it in items)
+        text += f", +{len(items) - max_items} more ({total} rec)"
+    return text
+
+
+# ---------------------------------------------------------------------------
+# Table rows
+# ---------------------------------------------------------------------------
+
+def flow_summary(flow: Any, topic_ids: TopicIds | None = None) -> dict[str, Any]:
+    """Raw values behind a table row: ``id, time_ns, conn, client_id, api_name,
+    api_key, api_version, correlation_id, req_bytes, resp_bytes, latency_ns,
+    error_code, flags (sorted list), records (see records_summary)``."""
+    return {
+        "id": flow.id, "time_ns": flow.request_ns, "conn": flow.conn,
+        "client_id": flow.client_id, "api_name": flow.api_name, "api_key": flow.api_key,
+        "api_version": flow.api_version, "correlation_id": flow.correlation_id,
+        "req_bytes": len(flow.request) if flow.request else None,
+        "resp_bytes": len(flow.response) if flow.response is not None else None,
+        "latency_ns": flow.latency_ns, "error_code": flow.error_code,
+        "flags": sorted(flow.flags), "records": records_summary(flow, topic_ids),
+    }
+
+
+def flow_row(flow: Any, topic_ids: TopicIds | None = None) -> dict[str, str]:
+    """Display strings keyed by the :data:`COLUMNS` keys."""
+    s = flow_summary(flow, topic_ids)
+    api = s["api_name"] if s["api_version"] < 0 else f"{s['api_name']} v{s['api_version']}"
+    err = s["error_code"]
+    return {
+        "id": str(s["id"]),
+        "time": format_time(s["time_ns"]),
+        "conn": str(s["conn"]),
+        "client_id": s["client_id"] or "",
+        "api": api,
+        "corr": "" if s["correlation_id"] < 0 else str(s["correlation_id"]),
+        "req_bytes": "" if s["req_bytes"] is None else str(s["req_bytes"]),
+        "resp_bytes": "" if s["resp_bytes"] is None else str(s["resp_bytes"]),
+        "latency": format_latency(s["latency_ns"]),
+        "error": "" if not err else f"{err} {error_name(err)}",
+        "flags": " ".join(s["flags"]),
+        "records": _records_text(s["records"]),
+    }
+
+
+def flow_table(flows: Iterable[Any], topic_ids: TopicIds | None = None,
+               title: str | None = None) -> Table:
+    """A :class:`rich.table.Table` of :func:`flow_row` rows (errors in red,
+    undecoded flows in yellow)."""
+    t = Table(title=title, expand=False, pad_edge=False)
+    rows = [(f, flow_row(f, topic_ids)) for f in flows]
+    for key, header, justify in COLUMNS:
+        wrap = key in _WRAPPING
+        widest = max([len(header)] + [len(r[key]) for _, r in rows])
+        t.add_column(header, justify=justify, no_wrap=not wrap, overflow="fold",
+                     min_width=min(widest, _WRAPPING[key]) if wrap else widest)
+    for f, row in rows:
+        style = "red" if row["error"] else ("yellow" if "undecoded" in f.flags else None)
+        t.add_row(*(row[k] for k, _, _ in COLUMNS), style=style)
+    return t
+
+
+# ---------------------------------------------------------------------------
+# Values → tree / JSON
+# ---------------------------------------------------------------------------
+
+def _leaf(f: Any, v: Any, limit: int | None) -> str:
+    if v is None:
+        return "null"
+    t = f.element_type
+    if f.is_array:
+        return "[" + ", ".join(_prim(t, x, limit) for x in v) + "]"
+    return _prim(t, v, limit)
+
+
+def _prim(t: str, v: Any, limit: int | None) -> str:
+    if v is None:
+        return "null"
+    if t in ("bytes", "records"):
+        return render_bytes(v, limit)
+    if t == "uuid":
+        return uuid_to_text(bytes(v))
+    if t == "string":
+        return repr(v)
+    if t == "bool":
+        return "true" if v else "false"
+    return str(v)
+
+
+def _struct_tree(node: Tree, s: Any, limit: int | None, topic_ids: TopicIds | None,
+                 version: int | None, topic: str | None = None) -> None:
+    """Add the fields of ``s`` that exist at ``version`` (all when ``None``)."""
+    spec = s._spec
+    part = None
+    for f in spec.fields:
+        v = getattr(s, f.name)
+        if f.entity_type == "topicName" and isinstance(v, str) and v:
+            topic = v
+        elif f.type == "uuid" and f.name == "TopicId" and v and any(v) and not topic:
+            topic = (topic_ids.name(v) if topic_ids else None) or uuid_to_text(bytes(v))
+        elif f.name in _PARTITION_NAMES and f.type == "int32":
+            part = v
+    for f in spec.fields:
+        if version is not None and not f.versions.contains(version):
+            continue
+        v = getattr(s, f.name)
+        if f.type == "records":
+            _records_node(node, f.name, v, limit, topic, part)
+        elif f.struct is not None and v is not None:
+            if f.is_array:
+                sub = node.add(Text.assemble((f.name, "bold"), f" [{len(v)}]"))
+                for i, item in enumerate(v):
+                    _struct_tree(sub.add(f"[{i}]"), item, limit, topic_ids, version, topic)
+            else:
+                _struct_tree(node.add(Text(f.name, style="bold")), v, limit, topic_ids,
+                             version, topic)
+        else:
+            node.add(Text.assemble((f.name, "bold"), ": ", _leaf(f, v, limit)))
+    unknown = getattr(s, "_unknown", None)
+    if unknown:
+        node.add(Text.assemble(("unknown tagged fields", "magenta"), ": " + ", ".join(
+            f"{t}={bytes(b).hex()}" for t, b in unknown.items())))
+
+
+def _records_node(node: Tree, name: str, data: Any, limit: int | None, topic: str | None,
+                  partition: int | None) -> None:
+    if data is None:
+        node.add(Text.assemble((name, "bold"), ": null"))
+        return
+    data = bytes(data)
+    try:
+        rs = decode_records(data)
+    except DecodeError as e:
+        sub = node.add(Text.assemble((name, "bold"), f": {len(data)} B ",
+                                     ("undecodable records", "red")))
+        sub.add(Text(str(e), style="red"))
+        sub.add(Text("raw: " + render_bytes(data, limit)))
+        return
+    head = f": {len(data)} B, {len(rs.batches)} batch(es), {rs.record_count} record(s)"
+    if topic is not None or partition is not None:
+        head += f" of {topic or '?'}[{partition if partition is not None else '?'}]"
+    sub = node.add(Text.assemble((name, "bold"), head))
+    for i, b in enumerate(rs.batches):
+        crc = Text("CRC ok", style="green") if b.crc_valid else Text(
+            f"CRC INVALID (wire {b.crc:#010x}, computed {b.crc_computed:#010x})", style="red")
+        label = Text.assemble(
+            f"batch {i} @{b.position}: magic {b.magic}, {b.compression}, ", crc,
+            f", base offset {b.base_offset}, {b.record_count} record(s), "
+            f"{b.size_bytes} B")
+        if b.compression != "none":
+            label.append(f" ({b.compressed_size} B compressed → {b.uncompressed_size} B)")
+        bn = sub.add(label)
+        extra = []
+        if b.timestamp_type:
+            extra.append(f"timestamps {b.timestamp_type}")
+        if b.magic >= 2:
+            extra.append(f"producer id {b.producer_id} epoch {b.producer_epoch} "
+                         f"base sequence {b.base_sequence}")
+            extra.append(f"partition leader epoch {b.partition_leader_epoch}")
+            extra.append(f"last offset delta {b.last_offset_delta}")
+        if b.is_transactional:
+            extra.append("transactional")
+        if b.is_control:
+            extra.append("control batch")
+        if extra:
+            bn.add(Text(", ".join(extra), style="dim"))
+        for r in b.records:
+            rl = Text(f"offset {r.offset} · {_ts_ms(r.timestamp)} · key ")
+            rl.append(render_bytes(r.key, limit))
+            rl.append(" · value ")
+            rl.append(render_bytes(r.value, limit))
+            if r.crc_valid is False:
+                rl.append(" · message CRC INVALID", style="red")
+            rn = bn.add(rl)
+            if r.control is not None:
+                rn.add(Text(f"control {r.control.type_name} (type {r.control.type}, "
+                            f"coordinator epoch {r.control.coordinator_epoch})",
+                            style="magenta"))
+            for hk, hv in r.headers:
+                rn.add(Text(f"header {hk!r} = {render_bytes(hv, limit)}"))
+    if rs.partial is not None:
+        p = rs.partial
+        sub.add(Text(f"partial batch at {p.offset}: {p.available} of "
+                     f"{p.needed if p.needed is not None else '?'} B present "
+                     "(normal at the end of a Fetch)", style="yellow"))
+
+
+def _frame_bytes_info(frame: bytes | None) -> str:
+    return "none" if frame is None else f"{len(frame)} B"
+
+
+def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | None = None,
+              limit: int | None = 64) -> Tree:
+    """A :class:`rich.tree.Tree` of one flow: summary line, request and response
+    (header and body fields, record batches decoded), and for rewritten or mutated
+    frames the before/after diff. ``limit`` caps rendered bytes (see
+    :func:`~kinspect.codec.records.render_bytes`); ``None`` shows everything."""
+    row = flow_row(flow, topic_ids)
+    title = Text.assemble((f"#{flow.id} {row['api']}", "bold cyan"),
+                          f" · conn {flow.conn} · corr {row['corr'] or '-'}"
+                          f" · {flow.client} → {flow.upstream}")
+    if flow.client_id:
+        title.append(f" · client id {flow.client_id!r}")
+    if row["latency"]:
+        title.append(f" · {row['latency']} ms")
+    if flow.flags:
+        title.append(" · " + " ".join(sorted(flow.flags)), style="yellow")
+    tree = Tree(title)
+    if flow.error:
+        tree.add(Text(f"decode error: {flow.error}", style="red"))
+    for direction, label, frame, msg in (
+            ("req", "request", flow.request, flow.request_decoded),
+            ("resp", "response", flow.response, flow.response_decoded)):
+        if direction == "req" and not frame and flow.response is not None:
+            continue  # unpaired response
+        node = tree.add(Text.assemble((label, "bold green"),
+                                      f" ({_frame_bytes_info(frame)})"))
+        if frame is None:
+            why = ("no response expected (acks=0)" if "no-response" in flow.flags else
+                   "connection closed first" if "closed" in flow.flags else "no response")
+            node.add(Text(why, style="dim"))
+            continue
+        if msg is None:
+            node.add(Text("raw: " + render_bytes(frame, limit)))
+            continue
+        hv = getattr(msg, "header_version", None)
+        if getattr(msg, "header", None) is not None:
+            _struct_tree(node.add(Text(f"header v{hv}", style="bold")), msg.header, limit,
+                         topic_ids, hv)
+        if getattr(msg, "body", None) is not None:
+            bv = getattr(msg, "body_version", flow.api_version)
+            _struct_tree(node.add(Text(f"body v{bv}", style="bold")), msg.body, limit,
+                         topic_ids, bv)
+        else:
+            node.add(Text("body not decoded; raw: " + render_bytes(frame, limit)))
+    if codec is None and (flow.request_sent is not None or flow.response_sent is not None):
+        codec = Codec()
+    for direction in ("req", "resp"):
+        d = frame_diff(codec, flow, direction) if codec is not None else None
+        if d is None:
+            continue
+        why = "mutated" if "mutated" in flow.flags else (
+            "rewritten" if direction == "resp" and "rewritten" in flow.flags else "changed")
+        node = tree.add(Text.assemble((f"{'request' if direction == 'req' else 'response'} "
+                                       f"as sent ({why})", "bold magenta"),
+                                      f": {d['bytes']['before_size']} B → "
+                                      f"{d['bytes']['after_size']} B"))
+        for side in ("before", "after"):
+            if d.get(f"{side}_error"):
+                node.add(Text(f"{side}: decode error {d[side + '_error']}", style="red"))
+        for ch in d["fields"]:
+            node.add(Text.assemble((ch["path"], "bold"), ": ",
+                                   (_short_json(ch["before"]), "red"), " → ",
+                                   (_short_json(ch["after"]), "green")))
+        b = d["bytes"]
+        if b["first_difference"] is not None:
+            node.add(Text(f"bytes differ from offset {b['first_difference']}: "
+                          f"{b['before_hex']} → {b['after_hex']}", style="dim"))
+    return tree
+
+
+def _short_json(v: Any, n: int = 80) -> str:
+    import json
+    if v is _ABSENT:
+        return "(absent)"
+    s = json.dumps(v)
+    return s if len(s) <= n else s[: n - 1] + "…"
+
+
+# ---------------------------------------------------------------------------
+# JSON
+# ---------------------------------------------------------------------------
+
+def _records_json(data: Any, limit: int | None) -> Any:
+    if data is None:
+        return None
+    data = bytes(data)
+    out: dict[str, Any] = {"size": len(data), "base64": base64.b64encode(data).decode("ascii")}
+    try:
+        out["record_set"] = decode_records(data).to_dict(limit)
+    except DecodeError as e:
+        out["error"] = str(e)
+    return out
+
+
+def _patch_records(s: Any, d: dict[str, Any], limit: int | None) -> None:
+    for f in s._spec.fields:
+        v = getattr(s, f.name)
+        if f.type == "records":
+            d[f.name] = _records_json(v, limit)
+        elif f.struct is not None and v is not None and f.name in d:
+            if f.is_array:
+                for item, dd in zip(v, d[f.name]):
+                    _patch_records(item, dd, limit)
+            else:
+                _patch_records(v, d[f.name], limit)
+
+
+def _msg_json(msg: Any, frame: bytes | None, limit: int | None) -> dict[str, Any] | None:
+    if frame is None:
+        return None
+    out: dict[str, Any] = {"size": len(frame)}
+    if msg is None:
+        out["base64"] = base64.b64encode(frame).decode("ascii")
+        return out
+    d = msg.to_dict()
+    if getattr(msg, "body", None) is not None and d.get("body") is not None:
+        _patch_records(msg.body, d["body"], limit)
+    out.update(d)
+    return out
+
+
+def flow_json(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | None = None,
+              limit: int | None = 64) -> dict[str, Any]:
+    """One flow as a JSON-able dict: metadata, ``request``/``response`` (``size``,
+    ``header``, ``body`` as ``to_dict`` with every ``records`` field replaced by
+    ``{"size", "base64", "record_set"|"error"}``), ``records`` summary and
+    ``diff`` (``{"req": ..., "resp": ...}`` from :func:`frame_diff`) when frames were
+    changed."""
+    out = {
+        "id": flow.id, "conn": flow.conn, "client": flow.client, "upstream": flow.upstream,
+        "client_id": flow.client_id, "api_key": flow.api_key, "api_name": flow.api_name,
+        "api_version": flow.api_version, "correlation_id": flow.correlation_id,
+        "request_ns": flow.request_ns, "response_ns": flow.response_ns,
+        "latency_ns": flow.latency_ns, "flags": sorted(flow.flags), "error": flow.error,
+        "error_code": flow.error_code, "error_name": error_name(flow.error_code) or None,
+        "request": _msg_json(flow.request_decoded, flow.request if flow.request else None,
+                             limit),
+        "response": _msg_json(flow.response_decoded, flow.response, limit),
+        "records": records_summary(flow, topic_ids),
+    }
+    if flow.request_sent is not None or flow.response_sent is not None:
+        codec = codec or Codec()
+        out["diff"] = {d: frame_diff(codec, flow, d) for d in ("req", "resp")}
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Diff
+# ---------------------------------------------------------------------------
+
+class _Absent:
+    def __repr__(self) -> str:
+        return "(absent)"
+
+
+_ABSENT = _Absent()
+
+
+def _diff_values(a: Any, b: Any, path: str, out: list[dict[str, Any]]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in list(a.keys()) + [k for k in b.keys() if k not in a]:
+            _diff_values(a.get(k, _ABSENT), b.get(k, _ABSENT), f"{path}.{k}" if path else k,
+                         out)
+        return
+    if isinstance(a, list) and isinstance(b, list):
+        for i in range(max(len(a), len(b))):
+            _diff_values(a[i] if i < len(a) else _ABSENT, b[i] if i < len(b) else _ABSENT,
+                         f"{path}[{i}]", out)
+        return
+    if a is _ABSENT or b is _ABSENT or a != b or type(a) is not type(b):
+        out.append({"path": path or "(frame)",
+                    "before": a if a is not _ABSENT else _ABSENT,
+                    "after": b if b is not _ABSENT else _ABSENT})
+
+
+def _jsonable_change(ch: dict[str, Any]) -> dict[str, Any]:
+    return {k: ("(absent)" if v is _ABSENT else v) for k, v in ch.items()}
+
+
+def frame_diff(codec: Codec, flow: Any, direction: str, *,
+               context: int = 8) -> dict[str, Any] | None:
+    """Before/after difference of a frame the proxy changed, or ``None`` if the frame
+    was forwarded as received.
+
+    Both frames (``flow.request``/``request_sent`` or ``flow.response``/
+    ``response_sent``) are decoded with ``codec`` and their ``to_dict`` trees
+    compared. Returns ``{"fields": [{"path", "before", "after"}...], "bytes":
+    {"before_size", "after_size", "first_difference", "before_hex", "after_hex"},
+    ["before_error"|"after_error": str]}``; a value missing on one side is
+    ``"(absent)"`` (``_ABSENT`` internally).
+    """
+    if direction == "req":
+        before, after = flow.request, flow.request_sent
+    else:
+        before, after = flow.response, flow.response_sent
+    if after is None or before is None:
+        return None
+    out: dict[str, Any] = {"fields": []}
+    trees = []
+    for side, frame in (("before", before), ("after", after)):
+        try:
+            if direction == "req":
+                msg = codec.decode_request(frame)
+            else:
+                msg = codec.decode_response(frame, flow.api_key, flow.api_version)
+            trees.append(msg.to_dict())
+        except DecodeError as e:
+            out[f"{side}_error"] = str(e)
+            trees.append(None)
+    if trees[0] is not None and trees[1] is not None:
+        changes: list[dict[str, Any]] = []
+        _diff_values(trees[0], trees[1], "", changes)
+        out["fields"] = [_jsonable_change(c) for c in changes]
+    first = next((i for i in range(min(len(before), len(after))) if before[i] != after[i]),
+                 None)
+    if first is None and len(before) != len(after):
+        first = min(len(before), len(after))
+    lo = max(0, (first or 0) - context)
+    out["bytes"] = {
+        "before_size": len(before), "after_size": len(after), "first_difference": first,
+        "before_hex": None if first is None else before[lo:first + context].hex(),
+        "after_hex": None if first is None else after[lo:first + context].hex(),
+    }
+    return out

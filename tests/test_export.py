@@ -1,0 +1,162 @@
+"""pcapng export, checked with tshark: Wireshark's own Kafka dissector must find the
+api keys and correlation ids of the capture, on the capture's real ports, with valid
+IP/TCP checksums and no TCP analysis complaints.
+
+tshark is a test dependency (Debian package ``tshark``, installed by .ci/run); a
+missing tshark fails these tests.
+"""
+
+from __future__ import annotations
+
+import io
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from kinspect import cli
+from kinspect.capture import flows_from_records, load_capture, read_capture
+from kinspect.codec import Codec
+from kinspect.export import _checksum, export_pcapng
+from kinspect.filters import parse
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "captures" / "example.jsonl"
+CODEC = Codec()
+
+
+def tshark(pcap: Path, port: int, *fields: str, display: str = "kafka",
+           extra: tuple[str, ...] = ()) -> list[list[str]]:
+    exe = shutil.which("tshark")
+    assert exe, "tshark is needed (Debian package tshark; .ci/run installs it)"
+    cmd = [exe, "-r", str(pcap), "-d", f"tcp.port=={port},kafka", *extra, "-Y", display,
+           "-T", "fields"]
+    for f in fields:
+        cmd += ["-e", f]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    return [line.split("\t") for line in res.stdout.splitlines() if line]
+
+
+@pytest.fixture(scope="module")
+def cap():
+    return load_capture(EXAMPLE, CODEC)
+
+
+def upstream_port(cap) -> int:
+    return int(cap.session["upstream"].rsplit(":", 1)[1])
+
+
+def test_tshark_dissects_every_frame_as_kafka(cap, tmp_path):
+    out = tmp_path / "example.pcapng"
+    stats = export_pcapng(cap, out)
+    port = upstream_port(cap)
+    assert stats.ports == {port}
+    assert stats.frames == len(cap.frames) and stats.connections == len(cap.conns)
+    reqs = tshark(out, port, "tcp.srcport", "kafka.api_key", "kafka.api_version",
+                  "kafka.correlation_id", "kafka.len", display=f"kafka && tcp.dstport=={port}")
+    want = [(str(int(r.flow.client.rsplit(":", 1)[1])), str(r.flow.api_key),
+             str(r.flow.api_version), str(r.flow.correlation_id), str(len(r.flow.request)))
+            for r in cap.frames if r.dir == "req"]
+    assert [tuple(x) for x in reqs] == want
+    resps = tshark(out, port, "kafka.correlation_id", "kafka.len",
+                   display=f"kafka && tcp.srcport=={port}")
+    want = [(str(r.flow.correlation_id), str(len(r.flow.response)))
+            for r in cap.frames if r.dir == "resp"]
+    assert [tuple(x) for x in resps] == want
+
+
+def test_checksums_are_valid_and_tcp_streams_are_clean(cap, tmp_path):
+    out = tmp_path / "example.pcapng"
+    stats = export_pcapng(cap, out)
+    port = upstream_port(cap)
+    rows = tshark(out, port, "ip.checksum.status", "tcp.checksum.status", display="tcp",
+                  extra=("-o", "tcp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE"))
+    assert len(rows) == stats.packets
+    assert {tuple(r) for r in rows} == {("1", "1")}  # 1 = good
+    assert tshark(out, port, "frame.number", display="tcp.analysis.flags && "
+                  "!tcp.analysis.window_update") == []
+    # every connection opens with a handshake and (closed by the client) finishes
+    syn = tshark(out, port, "tcp.stream", display="tcp.flags.syn==1 && tcp.flags.ack==0")
+    fin = tshark(out, port, "tcp.stream", display="tcp.flags.fin==1")
+    assert len(syn) == len(cap.conns)
+    closed = sum(1 for c in cap.conns.values() if c.get("close_ns") is not None)
+    assert len(fin) == 2 * closed
+
+
+def test_large_frames_are_segmented_and_reassembled(cap, tmp_path):
+    out = tmp_path / "small-mss.pcapng"
+    stats = export_pcapng(cap, out, mss=64)
+    assert stats.packets > 2 * len(cap.frames)
+    port = upstream_port(cap)
+    reqs = tshark(out, port, "kafka.api_key", "kafka.correlation_id",
+                  display=f"kafka && tcp.dstport=={port}")
+    assert [tuple(x) for x in reqs] == [(str(r.flow.api_key), str(r.flow.correlation_id))
+                                        for r in cap.frames if r.dir == "req"]
+
+
+def test_filtered_export_keeps_only_matching_frames(cap, tmp_path):
+    port = upstream_port(cap)
+    out = tmp_path / "produce.pcapng"
+    export_pcapng(cap, out, flt=parse("~api Produce"))
+    rows = tshark(out, port, "kafka.correlation_id", "tcp.dstport")
+    produce = [f for f in cap.flows if f.api_key == 0]
+    assert len(rows) == 2 * len(produce)
+    assert sorted(r[0] for r in rows if r[1] == str(port)) == sorted(
+        str(f.correlation_id) for f in produce)
+    out = tmp_path / "requests.pcapng"
+    export_pcapng(cap, out, flt=parse("~dir req"))
+    rows = tshark(out, port, "tcp.srcport")
+    assert len(rows) == sum(1 for r in cap.frames if r.dir == "req")
+    assert str(port) not in {r[0] for r in rows}
+
+
+def test_sent_bytes_of_rewritten_responses(cap, tmp_path):
+    rewritten = [f for f in cap.flows if f.response_sent is not None]
+    assert rewritten
+    port = upstream_port(cap)
+    received, sent = tmp_path / "received.pcapng", tmp_path / "sent.pcapng"
+    export_pcapng(cap, received, flt=parse("~rewritten & ~dir resp"))
+    export_pcapng(cap, sent, flt=parse("~rewritten & ~dir resp"), sent=True)
+    lens = [int(r[0]) for r in tshark(received, port, "kafka.len")]
+    lens_sent = [int(r[0]) for r in tshark(sent, port, "kafka.len")]
+    assert lens == [len(f.response) for f in rewritten]
+    assert lens_sent == [len(f.response_sent) for f in rewritten]
+
+
+def test_ipv6_and_host_names(tmp_path):
+    recs = []
+    for r in read_capture(EXAMPLE):
+        if r.get("type") in ("frame", "conn"):
+            r = dict(r, client="::1:" + r["client"].rsplit(":", 1)[1],
+                     upstream="localhost:9092")
+        recs.append(r)
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "v6.pcapng"
+    export_pcapng(cap, out)
+    rows = tshark(out, 9092, "ipv6.src", "ipv6.dst", "kafka.api_key",
+                  display="kafka && tcp.dstport==9092")
+    assert {(r[0], r[1]) for r in rows} == {("::1", "::ffff:198.18.0.1")}
+    assert len(rows) == sum(1 for r in cap.frames if r.dir == "req")
+
+
+def test_export_command(tmp_path, capsys):
+    out = tmp_path / "sub" / "cli.pcapng"
+    assert cli.main(["export", str(EXAMPLE), "--pcapng", str(out), "--filter",
+                     "~api Fetch"]) == 0
+    err = capsys.readouterr().err
+    assert f"wrote {out}" in err and "-d tcp.port==" in err
+    port = int(err.split("-d tcp.port==")[1].split(",")[0])
+    rows = tshark(out, port, "kafka.api_key", display=f"kafka && tcp.dstport=={port}")
+    assert rows and {r[0] for r in rows} == {"1"}
+    assert cli.main(["export", str(EXAMPLE), "--pcapng", str(out), "--filter", "(~api"]) == 1
+
+
+def test_internet_checksum_known_value():
+    # RFC 1071 section 3 example: words 0001 f203 f4f5 f6f7 sum to 0xddf2
+    assert _checksum(bytes.fromhex("0001f203f4f5f6f7")) == ~0xDDF2 & 0xFFFF
+    assert _checksum(b"") == 0xFFFF
+    buf = io.BytesIO()
+    export_pcapng(load_capture(EXAMPLE, CODEC, decode=False), buf)
+    assert buf.getvalue()[:4] == b"\x0a\x0d\x0d\x0a"  # pcapng section header block

@@ -1,0 +1,205 @@
+"""The filter language over the flows of the committed example capture (recorded from
+kafka-python through the real proxy into Tansu) and a few flows built with the codec."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kinspect.capture import load_capture
+from kinspect.codec import Codec, KinspectError
+from kinspect.filters import FilterError, TopicIds, error_codes, flow_topics, parse
+from kinspect.flows import MUTATED, UNDECODED, Flow
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "captures" / "example.jsonl"
+CODEC = Codec()
+
+
+@pytest.fixture(scope="module")
+def flows() -> list[Flow]:
+    return load_capture(EXAMPLE, CODEC).flows
+
+
+def select(expr: str, flows: list[Flow]) -> list[int]:
+    f = parse(expr)
+    return [fl.id for fl in flows if f.matches(fl)]
+
+
+def ids(flows, pred) -> list[int]:
+    return [f.id for f in flows if pred(f)]
+
+
+# ---------------------------------------------------------------------------
+# terms
+# ---------------------------------------------------------------------------
+
+def test_api_by_name_any_case_and_by_key(flows):
+    produce = ids(flows, lambda f: f.api_key == 0)
+    assert produce
+    assert select("~api Produce", flows) == produce
+    assert select("~api produce", flows) == produce
+    assert select("~api ProduceRequest", flows) == produce
+    assert select("~api 0", flows) == produce
+    assert select("~api NoSuchApi", flows) == []
+
+
+@pytest.mark.parametrize("arg,pred", [
+    ("4", lambda v: v == 4),
+    ("7-9", lambda v: 7 <= v <= 9),
+    ("9-", lambda v: v >= 9),
+    ("-4", lambda v: v <= 4),
+    ("4,12", lambda v: v in (4, 12)),
+])
+def test_version_ranges(flows, arg, pred):
+    want = ids(flows, lambda f: pred(f.api_version))
+    assert want and select(f"~v {arg}", flows) == want
+
+
+def test_conn_and_correlation_id(flows):
+    assert select("~conn 2", flows) == ids(flows, lambda f: f.conn == 2)
+    assert select("~conn 1-3", flows) == ids(flows, lambda f: 1 <= f.conn <= 3)
+    assert select("~corr 1", flows) == ids(flows, lambda f: f.correlation_id == 1)
+
+
+def test_client_id_regex_and_addresses(flows):
+    everyone = [f.id for f in flows]
+    assert select("~client ^kinspect-", flows) == everyone
+    assert select("~client 'nobody|none'", flows) == []
+    client = flows[0].client
+    assert select(f"~addr {re.escape(client)}", flows) == ids(flows, lambda f: f.client == client)
+    assert select(f"~addr {re.escape(flows[0].upstream)}", flows) == everyone
+
+
+def test_topic_from_spec_entity_type(flows):
+    hits = select("~topic example", flows)
+    names = {f.api_name for f in flows if f.id in hits}
+    assert {"Produce", "Fetch", "CreateTopics", "Metadata"} <= names
+    assert all("example" in flow_topics(f) for f in flows if f.id in hits)
+    assert select("~topic no-such-topic", flows) == []
+
+
+def test_errors_anywhere_in_the_response(flows):
+    def nonzero(f):
+        body = f.response_decoded.body.to_dict() if f.response_decoded else {}
+        found = []
+
+        def walk(x):
+            if isinstance(x, dict):
+                for k, v in x.items():
+                    if k == "ErrorCode" and v:
+                        found.append(v)
+                    walk(v)
+            elif isinstance(x, list):
+                for v in x:
+                    walk(v)
+        walk(body)
+        return found
+
+    errs = select("~err", flows)
+    assert errs == ids(flows, lambda f: bool(nonzero(f)))
+    # record_example.py creates its topic twice: the second CreateTopics fails with 36
+    assert select("~err 36", flows) == ids(flows, lambda f: 36 in nonzero(f))
+    assert {f.api_name for f in flows if f.id in select("~err 36", flows)} == {"CreateTopics"}
+    assert select("!~err", flows) == ids(flows, lambda f: not nonzero(f))
+    assert all(error_codes(f) for f in flows if f.id in errs)
+
+
+def test_flags(flows):
+    rewritten = ids(flows, lambda f: "rewritten" in f.flags)
+    assert rewritten  # Metadata and FindCoordinator answers carry broker addresses
+    assert select("~rewritten", flows) == rewritten
+    assert select("~flag rewritten", flows) == rewritten
+    assert select("~undecoded", flows) == [] and select("~mutated", flows) == []
+    garbage = Flow(900, 1, "c:1", "u:2", 3, 12, 5, "Metadata", b"\x00\x03\x00\x0c\x00\x00\x00\x05"
+                   b"\xff", 0)
+    from kinspect.proxy.pipeline import decode_flow
+    decode_flow(CODEC, garbage)
+    assert UNDECODED in garbage.flags and parse("~undecoded").matches(garbage)
+    garbage.flags.add(MUTATED)
+    assert parse("~mutated & ~undecoded & ~api Metadata").matches(garbage)
+
+
+def test_direction_at_flow_and_frame_level(flows):
+    f = next(fl for fl in flows if fl.api_key == 0)
+    assert parse("~dir req").matches(f) and parse("~dir resp").matches(f)
+    assert parse("~dir req|resp").matches_frame(f, "resp")
+    assert parse("~dir req").matches_frame(f, "req")
+    assert not parse("~dir req").matches_frame(f, "resp")
+    assert not parse("~dir resp & ~api Produce").matches_frame(f, "req")
+
+
+def test_topic_ids_are_resolved_through_metadata():
+    from kinspect.codec.protocol import Request, Response
+
+    tid = bytes(range(1, 17))
+    md = CODEC.response_codec(3).cls
+    topic_cls = md._spec.field("Topics").struct.cls
+    body = md(Topics=[topic_cls(Name="orders", TopicId=tid, ErrorCode=0)])
+    mflow = Flow(1, 1, "c:1", "u:2", 3, 12, 1, "Metadata", b"", 0)
+    mflow.response_decoded = Response(3, 12, 1, 1, None, body, 0, "Metadata", 12)
+    fetch_cls = CODEC.request_codec(1).cls
+    ft = fetch_cls._spec.field("Topics").struct.cls
+    fflow = Flow(2, 1, "c:1", "u:2", 1, 13, 2, "Fetch", b"", 0)
+    fflow.request_decoded = Request(1, 13, 2, "c", 2, None, fetch_cls(Topics=[ft(TopicId=tid)]),
+                                    0, "Fetch")
+    f = parse("~topic orders")
+    assert not f.matches(fflow)
+    index = TopicIds().learn_all([mflow, fflow])
+    assert f.matches(fflow, topic_ids=index)
+    f.topic_ids = index
+    assert f.matches(fflow)
+
+
+# ---------------------------------------------------------------------------
+# combinations
+# ---------------------------------------------------------------------------
+
+def test_precedence_not_and_or(flows):
+    produce = set(ids(flows, lambda f: f.api_key == 0))
+    fetch = set(ids(flows, lambda f: f.api_key == 1))
+    err = set(select("~err", flows))
+    conn2 = set(ids(flows, lambda f: f.conn == 2))
+    assert set(select("~api Produce | ~api Fetch & ~err", flows)) == produce | (fetch & err)
+    assert set(select("(~api Produce | ~api Fetch) & ~err", flows)) == (produce | fetch) & err
+    assert set(select("!~api Produce & ~conn 2", flows)) == conn2 - produce
+    assert set(select("!(~api Produce | ~conn 2)", flows)) == \
+        {f.id for f in flows} - produce - conn2
+    assert select("!!~api Produce", flows) == sorted(produce)
+
+
+def test_implicit_and(flows):
+    assert select("~api Produce ~v 9", flows) == select("~api Produce & ~v 9", flows)
+    assert select("~err ~api CreateTopics", flows) == select("~err & ~api CreateTopics", flows)
+    assert select("~all", flows) == [f.id for f in flows]
+
+
+# ---------------------------------------------------------------------------
+# errors
+# ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("expr,position,fragment", [
+    ("", 0, "empty filter"),
+    ("~api", 4, "needs an argument"),
+    ("~nope 3", 0, "unknown term ~nope"),
+    ("~api Produce &", 14, "ends too early"),
+    ("(~api Produce", 13, "missing ')'"),
+    ("~api Produce )", 13, "unbalanced ')'"),
+    ("Produce", 0, "starting with '~'"),
+    ("~v x", 3, "expected a number or range"),
+    ("~v 9-7", 3, "empty range"),
+    ("~dir sideways", 5, "~dir takes req, resp"),
+    ("~client '(' ", 8, "bad regular expression"),
+    ("~client 'open", 8, "unterminated"),
+    ("~api Produce | | ~v 1", 15, "before '|'"),
+    ("~", 1, "term name"),
+])
+def test_bad_expressions_name_the_position(expr, position, fragment):
+    with pytest.raises(FilterError) as e:
+        parse(expr)
+    assert e.value.position == position
+    assert fragment in e.value.reason
+    assert isinstance(e.value, KinspectError)
+    assert str(e.value).splitlines()[-1] == "  " + " " * position + "^"

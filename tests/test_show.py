@@ -1,0 +1,284 @@
+"""Rendering flows: table rows, the decoded tree with record batches, JSON, diffs of
+changed frames, and the ``kinspect show`` command, over the committed example capture
+(kafka-python through the real proxy into Tansu, made by scripts/record_example.py)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import struct
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from kinspect import cli
+from kinspect.capture import load_capture
+from kinspect.codec import Codec
+from kinspect.codec.records import decode_records
+from kinspect.flows import MUTATED, Flow
+from kinspect.proxy.pipeline import decode_flow
+from kinspect.show import (COLUMNS, error_name, flow_json, flow_row, flow_summary, flow_table,
+                           flow_tree, frame_diff, records_fields, records_summary)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "captures" / "example.jsonl"
+CODEC = Codec()
+# what scripts/record_example.py sends (its inputs)
+GZIP_VALUES = [b"hello", b"kafka", b"records"]
+PLAIN_VALUES = [b"plain-1", b"plain-2"]
+
+
+@pytest.fixture(scope="module")
+def cap():
+    return load_capture(EXAMPLE, CODEC)
+
+
+def text_of(renderable) -> str:
+    buf = io.StringIO()
+    Console(file=buf, width=250, color_system=None).print(renderable)
+    return buf.getvalue()
+
+
+def produce_flows(cap):
+    return [f for f in cap.flows if f.api_key == 0]
+
+
+def copy_flow(f: Flow, request: bytes | None = None, response: bytes | None = None) -> Flow:
+    g = Flow(f.id, f.conn, f.client, f.upstream, f.api_key, f.api_version, f.correlation_id,
+             f.api_name, request if request is not None else f.request, f.request_ns)
+    g.response = response if response is not None else f.response
+    g.response_ns = f.response_ns
+    decode_flow(CODEC, g)
+    return g
+
+
+# ---------------------------------------------------------------------------
+# rows
+# ---------------------------------------------------------------------------
+
+def test_rows_have_every_column_and_match_the_flow(cap):
+    for f in cap.flows:
+        row = flow_row(f)
+        assert list(row) == [k for k, _, _ in COLUMNS]
+        assert row["api"] == f"{f.api_name} v{f.api_version}"
+        assert row["corr"] == str(f.correlation_id) and row["conn"] == str(f.conn)
+        assert row["req_bytes"] == str(len(f.request))
+        assert row["resp_bytes"] == str(len(f.response))
+        assert row["client_id"] == f.client_id == "kinspect-example"
+        assert float(row["latency"]) == pytest.approx(f.latency_ns / 1e6, abs=0.01)
+        assert row["flags"] == " ".join(sorted(f.flags))
+        if f.error_code:
+            assert row["error"] == f"{f.error_code} {error_name(f.error_code)}"
+        else:
+            assert row["error"] == ""
+    assert error_name(36) == "TOPIC_ALREADY_EXISTS"
+
+
+def test_records_summary_of_produce_and_fetch(cap):
+    produced = [s for f in produce_flows(cap) for s in records_summary(f)]
+    assert sum(s["records"] for s in produced) == len(GZIP_VALUES) + len(PLAIN_VALUES)
+    assert {s["topic"] for s in produced} == {"example"} and {s["partition"] for s in produced} == {0}
+    assert sorted(tuple(s["compression"]) for s in produced) == [("gzip",), ("none",), ("none",)]
+    fetched = [s for f in cap.flows if f.api_key == 1 for s in records_summary(f)]
+    assert sum(s["records"] for s in fetched) == 5 and all(s["dir"] == "resp" for s in fetched)
+    gz = next(f for f in produce_flows(cap) if records_summary(f)[0]["compression"] == ["gzip"])
+    assert flow_row(gz)["records"] == "example[0] 3 rec gzip"
+    assert flow_summary(gz)["records"][0]["error"] is None
+
+
+def test_records_fields_are_found_through_the_spec(cap):
+    f = produce_flows(cap)[0]
+    fields = records_fields(f.request_decoded.body)
+    assert [rf.path for rf in fields] == ["TopicData[0].PartitionData[0].Records"]
+    assert fields[0].data == bytes(f.request_decoded.body.TopicData[0].PartitionData[0].Records)
+    fetch = next(fl for fl in cap.flows if fl.api_key == 1)
+    assert [rf.path for rf in records_fields(fetch.response_decoded.body)] == [
+        "Responses[0].Partitions[0].Records"]
+    assert records_fields(fetch.request_decoded.body) == []
+
+
+def test_table_renders_every_flow(cap):
+    out = text_of(flow_table(cap.flows, title="example"))
+    for f in cap.flows:
+        assert f" {f.api_name} v{f.api_version} " in out
+    assert "TOPIC_ALREADY_EXISTS" in out
+
+
+# ---------------------------------------------------------------------------
+# tree and JSON
+# ---------------------------------------------------------------------------
+
+def test_tree_shows_records_with_keys_values_headers_and_crc(cap):
+    gz = next(f for f in produce_flows(cap) if records_summary(f)[0]["compression"] == ["gzip"])
+    out = text_of(flow_tree(gz, CODEC))
+    assert "gzip" in out and "CRC ok" in out
+    for i, v in enumerate(GZIP_VALUES):
+        assert f"key 'k{i + 1}' · value '{v.decode()}'" in out
+    assert out.count("header 'source' = 'record_example'") == 3
+    assert "ClientId: 'kinspect-example'" in out
+    assert "TopicId" not in out.split("response")[0]  # not a field of Produce v9
+    fetch = next(fl for fl in cap.flows if fl.api_key == 1)
+    out = text_of(flow_tree(fetch, CODEC))
+    for v in GZIP_VALUES + PLAIN_VALUES:
+        assert f"value '{v.decode()}'" in out
+
+
+def test_json_of_a_flow_decodes_records_and_keeps_their_bytes(cap):
+    gz = next(f for f in produce_flows(cap) if records_summary(f)[0]["compression"] == ["gzip"])
+    doc = json.loads(json.dumps(flow_json(gz, CODEC)))
+    rec = doc["request"]["body"]["TopicData"][0]["PartitionData"][0]["Records"]
+    raw = bytes(gz.request_decoded.body.TopicData[0].PartitionData[0].Records)
+    assert base64.b64decode(rec["base64"]) == raw and rec["size"] == len(raw)
+    rs = rec["record_set"]
+    assert rs["record_count"] == 3 and rs["batches"][0]["compression"] == "gzip"
+    assert rs["batches"][0]["crc_valid"] is True
+    assert [r["value"] for r in rs["batches"][0]["records"]] == [f"'{v.decode()}'"
+                                                                 for v in GZIP_VALUES]
+    assert doc["api_name"] == "Produce" and doc["correlation_id"] == gz.correlation_id
+    assert doc["response"]["body"]["Responses"][0]["Name"] == "example"
+
+
+def _with_records(f: Flow, new_records: bytes) -> Flow:
+    req = CODEC.decode_request(f.request)
+    req.body.TopicData[0].PartitionData[0].Records = new_records
+    return copy_flow(f, request=CODEC.encode_request(req))
+
+
+def test_bad_crc_is_shown_not_raised(cap):
+    f = produce_flows(cap)[0]
+    raw = bytearray(f.request_decoded.body.TopicData[0].PartitionData[0].Records)
+    raw[17] ^= 0xFF  # first byte of the batch CRC (baseOffset 8, length 4, epoch 4, magic 1)
+    g = _with_records(f, bytes(raw))
+    assert "CRC INVALID" in text_of(flow_tree(g, CODEC))
+    assert records_summary(g)[0]["error"] is None
+
+
+def test_partial_batch_at_the_end_is_reported(cap):
+    fetch = next(fl for fl in cap.flows if fl.api_key == 1)
+    resp = CODEC.decode_response(fetch.response, 1, fetch.api_version)
+    part = resp.body.Responses[0].Partitions[0]
+    whole = bytes(part.Records)
+    n_batches = len(decode_records(whole).batches)
+    part.Records = whole[:-10]  # the last batch cut short, as brokers may send it
+    g = copy_flow(fetch, response=CODEC.encode_response(resp))
+    (s,) = records_summary(g)
+    assert s["partial"] is True and s["error"] is None and s["batches"] == n_batches - 1
+    assert "partial batch" in text_of(flow_tree(g, CODEC))
+    assert "+partial" in flow_row(g)["records"]
+
+
+def test_undecodable_records_are_an_error_in_the_summary(cap):
+    f = produce_flows(cap)[0]
+    raw = bytearray(f.request_decoded.body.TopicData[0].PartitionData[0].Records)
+    raw[16] = 7  # magic 7 does not exist
+    g = _with_records(f, bytes(raw))
+    (s,) = records_summary(g)
+    assert s["error"] and "magic" in s["error"].lower()
+    assert "undecodable records" in text_of(flow_tree(g, CODEC))
+
+
+# ---------------------------------------------------------------------------
+# diffs of changed frames
+# ---------------------------------------------------------------------------
+
+def test_mutated_request_diff_lists_the_changed_field(cap):
+    md = next(f for f in cap.flows if f.api_key == 3)
+    req = CODEC.decode_request(md.request)
+    before = req.body.AllowAutoTopicCreation
+    req.body.AllowAutoTopicCreation = not before
+    g = copy_flow(md)
+    g.request_sent = CODEC.encode_request(req)
+    g.flags.add(MUTATED)
+    d = frame_diff(CODEC, g, "req")
+    assert d["fields"] == [{"path": "body.AllowAutoTopicCreation", "before": before,
+                            "after": not before}]
+    first = d["bytes"]["first_difference"]
+    assert g.request[first] != g.request_sent[first] and g.request[:first] == g.request_sent[:first]
+    assert frame_diff(CODEC, g, "resp") is None
+    out = text_of(flow_tree(g, CODEC))
+    assert "request as sent (mutated)" in out and "body.AllowAutoTopicCreation" in out
+    doc = flow_json(g, CODEC)
+    assert doc["diff"]["req"]["fields"][0]["path"] == "body.AllowAutoTopicCreation"
+    assert doc["diff"]["resp"] is None
+
+
+def test_rewritten_responses_diff_only_in_broker_addresses(cap):
+    rewritten = [f for f in cap.flows if "rewritten" in f.flags]
+    assert rewritten
+    for f in rewritten:
+        d = frame_diff(CODEC, f, "resp")
+        assert d["fields"], f
+        assert all(ch["path"].rsplit(".", 1)[-1] in ("Host", "Port") for ch in d["fields"])
+        assert any(ch["path"].endswith("Port") and ch["before"] != ch["after"]
+                   for ch in d["fields"])
+
+
+# ---------------------------------------------------------------------------
+# the command
+# ---------------------------------------------------------------------------
+
+def test_show_command_table_filter_and_errors(cap, capsys):
+    assert cli.main(["show", str(EXAMPLE), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in rows] == [f.id for f in cap.flows]
+    assert cli.main(["show", str(EXAMPLE), "--errors", "--format", "json"]) == 0
+    errs = json.loads(capsys.readouterr().out)
+    assert errs and all(any(c for c in _codes(cap.flow(r["id"]))) for r in errs)
+    assert cli.main(["show", str(EXAMPLE), "--errors", "--filter", "~api CreateTopics",
+                     "--format", "json"]) == 0
+    assert {r["error_code"] for r in json.loads(capsys.readouterr().out)} == {36}
+    assert cli.main(["show", str(EXAMPLE), "--filter", "~api Produce"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("Produce v") == len(produce_flows(cap))
+    assert "Metadata" not in out
+
+
+def _codes(f):
+    from kinspect.filters import error_codes
+    return error_codes(f)
+
+
+def test_show_command_one_flow(cap, capsys):
+    fetch = next(fl for fl in cap.flows if fl.api_key == 1)
+    assert cli.main(["show", str(EXAMPLE), "--flow", str(fetch.id)]) == 0
+    out = capsys.readouterr().out
+    assert f"#{fetch.id} Fetch v{fetch.api_version}" in out and "value 'plain-2'" in out
+    assert cli.main(["show", str(EXAMPLE), "--flow", str(fetch.id), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["id"] == fetch.id and doc["records"][0]["records"] == 5
+
+
+def test_show_command_errors(capsys, tmp_path):
+    assert cli.main(["show", str(EXAMPLE), "--flow", "99999"]) == 1
+    assert "no flow 99999" in capsys.readouterr().err
+    assert cli.main(["show", str(EXAMPLE), "--filter", "~api"]) == 1
+    assert "needs an argument" in capsys.readouterr().err
+    assert cli.main(["show", str(tmp_path / "missing.jsonl")]) == 1
+    assert "no such file" in capsys.readouterr().err
+
+
+def test_bytes_limit_truncates_long_values(cap):
+    f = produce_flows(cap)[0]
+    long_value = b"x" * 500
+    raw = bytes(f.request_decoded.body.TopicData[0].PartitionData[0].Records)
+    from kafka.record.memory_records import MemoryRecordsBuilder
+    b = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=10_000)
+    b.append(0, None, long_value, [])
+    b.close()
+    g = _with_records(f, b.buffer())
+    assert raw != b.buffer()
+    short = text_of(flow_tree(g, CODEC, limit=16))
+    assert "… (500 B)" in short and "x" * 17 not in short
+    full = text_of(flow_tree(g, CODEC, limit=None))
+    assert "x" * 500 in full.replace("\n", "").replace(" ", "").replace("│", "")
+
+
+def test_unpaired_and_token_flows_render(cap):
+    f = Flow(1, 1, "c:1", "u:2", -1, -1, 7, "Unpaired", b"", 0)
+    f.response = struct.pack(">i", 7) + b"\x00\x01"
+    f.response_ns = 5
+    row = flow_row(f)
+    assert row["api"] == "Unpaired" and row["req_bytes"] == ""
+    assert "raw: 0x" in text_of(flow_tree(f, CODEC))
