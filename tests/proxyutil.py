@@ -103,3 +103,16 @@ def _read(s: socket.socket, n: int) -> bytes:
             raise ConnectionError("peer closed the connection")
         buf += chunk
     return bytes(buf)
+
+
+async def record_session(path, broker, values, topic, group, client: str = "kafka-python",
+                         timeout: float = 20) -> list[str]:
+    """Run ``client``'s produce/consume round trip through the real proxy in front of
+    ``broker``, capturing every frame to ``path``; return what the client consumed."""
+    from clients import roundtrip_async
+    from kinspect.capture import CaptureWriter
+
+    async with running_proxy(broker.bootstrap) as (proxy, _):
+        proxy.pipeline.add(CaptureWriter(path, codec(), upstream=broker.bootstrap))
+        return await roundtrip_async(client, bootstrap_of(proxy), values, topic=topic,
+                                     group=group, timeout=timeout)

@@ -11,12 +11,11 @@ import asyncio
 import json
 
 import pytest
-from clients import roundtrip_async
-from proxyutil import codec
+from proxyutil import codec, record_session, request_bytes
 
 from kinspect import cli
 from kinspect.brokers import TansuBroker
-from kinspect.capture import CaptureWriter
+from kinspect.capture import CaptureWriter, load_capture
 from kinspect.codec.records import decode_records
 from kinspect.proxy.server import Proxy, ProxyConfig
 from kinspect.replay import (DEFAULT_IGNORE, IdMapper, IgnoreRules, Replayer, diff_structs,
@@ -29,28 +28,12 @@ IDEMPOTENT = {"ApiVersions", "Metadata", "FindCoordinator", "ListOffsets", "Offs
               "DescribeGroups", "DescribeConfigs"}
 
 
-async def record_session(path, broker, values=VALUES, topic=TOPIC, group=GROUP,
-                         client="kafka-python") -> list[str]:
-    """Run ``client``'s round trip through the real proxy in front of ``broker``,
-    capturing to ``path``; return what the client consumed."""
-    host, port = broker.bootstrap.rsplit(":", 1)
-    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec())
-    writer = CaptureWriter(path, codec(), upstream=broker.bootstrap)
-    proxy.pipeline.add(writer)
-    await proxy.start()
-    try:
-        return await roundtrip_async(client, "%s:%d" % proxy.address, values, topic=topic,
-                                     group=group, timeout=20)
-    finally:
-        await proxy.close()
-
-
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
     """``(capture path, consumed values)`` of one recorded session."""
     path = tmp_path_factory.mktemp("replay") / "session.jsonl"
     with TansuBroker() as broker:
-        consumed = asyncio.run(record_session(path, broker))
+        consumed = asyncio.run(record_session(path, broker, VALUES, TOPIC, GROUP))
     return path, consumed
 
 
@@ -125,7 +108,6 @@ def test_replay_against_a_used_broker_explains_every_difference(recorded, tansu)
                                   speed=None, timeout=15).run())
     c = second.counts()
     assert c["failed"] == 0 and c["differing"] > 0, c
-    res = {r.flow.id: r for r in second.results}
 
     create = next(r for r in second.results if r.flow.api_name == "CreateTopics")
     assert create.status == "differing"
@@ -141,14 +123,17 @@ def test_replay_against_a_used_broker_explains_every_difference(recorded, tansu)
         assert [d.path.rsplit(".", 1)[1] for d in r.diffs] == ["BaseOffset"]
         assert "another offset" in r.diffs[0].explanation
 
-    for r in second.results:
-        if r.status == "differing":
-            assert r.explanation, r.flow
-            assert all(d.explanation for d in r.diffs), r.flow
-            later_than_writes = r.flow.id > create.flow.id
-            if later_than_writes and r.flow.api_name in ("Fetch", "OffsetFetch"):
-                assert "earlier state-changing flows" in r.explanation
-    assert res  # keeps the index used
+    differing = second.by_status("differing")
+    assert {"Fetch", "OffsetFetch"} <= {r.flow.api_name for r in differing}
+    first = differing[0]
+    assert "no earlier flow of this replay explains it" in first.explanation
+    for r in differing:
+        assert r.explanation, r.flow
+        assert all(d.explanation for d in r.diffs), r.flow
+        if r is not first:
+            assert f"from the start (first seen in flow #{first.flow.id}" in r.explanation
+        if r.flow.api_name in ("Fetch", "OffsetFetch"):
+            assert "earlier state-changing flows on the same topic or group" in r.explanation
 
 
 def test_unmapped_member_id_is_reported(recorded, tansu, tmp_path):
@@ -181,6 +166,63 @@ def test_unreachable_broker_fails_every_flow(recorded, free_port):
     c = report.counts()
     assert c["failed"] == len(report.results) and c["matched"] == 0
     assert all("cannot connect" in r.explanation for r in report.results)
+
+
+async def _client(address, batches) -> None:
+    """A minimal client: each batch of request frames is written at once (pipelined),
+    then its responses are read."""
+    reader, writer = await asyncio.open_connection(*address)
+    try:
+        for batch in batches:
+            writer.write(b"".join(len(f).to_bytes(4, "big") + f for f in batch))
+            await writer.drain()
+            for _ in batch:
+                size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 10), "big")
+                await asyncio.wait_for(reader.readexactly(size), 10)
+    finally:
+        writer.close()
+
+
+def _dir_sequences(path) -> dict[int, list[tuple[str, str]]]:
+    out: dict[int, list[tuple[str, str]]] = {}
+    for ref in load_capture(path, codec()).frames:
+        out.setdefault(ref.flow.conn, []).append((ref.dir, ref.flow.api_name))
+    return out
+
+
+async def test_replay_keeps_the_recorded_pipelining(tansu, tmp_path):
+    """Requests the client pipelined are sent pipelined again; a request sent after a
+    response waits for that response again (observed through the real proxy)."""
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    upstream = (host, int(port))
+    batches = [[request_bytes(18, 3, 1, ClientSoftwareName="t", ClientSoftwareVersion="1"),
+                request_bytes(3, 9, 2, Topics=None)],
+               [request_bytes(3, 9, 3, Topics=None)]]
+
+    async def through_proxy(path, work) -> None:
+        proxy = Proxy(ProxyConfig(upstream=upstream), codec())
+        proxy.pipeline.add(CaptureWriter(path, codec(), upstream=tansu.bootstrap))
+        await proxy.start()
+        try:
+            await work(proxy.address)
+        finally:
+            await proxy.close()
+
+    original, replayed = tmp_path / "original.jsonl", tmp_path / "replayed.jsonl"
+    await through_proxy(original, lambda addr: _client(addr, batches))
+    want = [("req", "ApiVersions"), ("req", "Metadata"), ("resp", "ApiVersions"),
+            ("resp", "Metadata"), ("req", "Metadata"), ("resp", "Metadata")]
+    assert list(_dir_sequences(original).values()) == [want]
+
+    reports = []
+
+    async def replay(addr):
+        reports.append(await Replayer(codec(), load_flows(original, codec()), addr, speed=None,
+                                      timeout=10).run())
+
+    await through_proxy(replayed, replay)
+    assert reports[0].counts()["matched"] == 3
+    assert list(_dir_sequences(replayed).values()) == [want]
 
 
 # -- codec-level pieces, on the recorded frames ------------------------------------

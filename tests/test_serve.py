@@ -1,0 +1,205 @@
+"""Serve: a capture of a real session answers the same real client code, without a broker.
+
+The recording is made like in test_replay (kafka-python round trip through the
+real proxy in front of a real Tansu broker); then the broker is gone and
+``kinspect serve`` (a subprocess, and :class:`CaptureBroker` in-process) answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from clients import roundtrip, roundtrip_async
+from proxyutil import codec, exchange, request_bytes
+from proxyutil import record_session
+
+from kinspect.brokers import TansuBroker, free_port
+from kinspect.codec.protocol import Request
+from kinspect.replay import load_flows
+from kinspect.serve import CaptureBroker
+
+VALUES = [f"served value {i} ✓" for i in range(5)]
+TOPIC, GROUP = "served", "served-g"
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    path = tmp_path_factory.mktemp("serve") / "session.jsonl"
+    with TansuBroker() as broker:
+        consumed = asyncio.run(record_session(path, broker, VALUES, TOPIC, GROUP))
+    assert consumed == VALUES
+    return path
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, deadline: float) -> bool:
+    """Poll until ``port`` accepts connections; False if the process exited or the
+    deadline passed."""
+    while proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.05)
+    return False
+
+
+def test_same_client_code_reads_the_same_records_from_kinspect_serve(recorded):
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kinspect", "serve", str(recorded), "--listen", f"127.0.0.1:{port}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    consumed = None
+    try:
+        ready = _wait_listening(port, proc, time.monotonic() + 20)
+        if ready:
+            consumed = roundtrip("kafka-python", f"127.0.0.1:{port}", VALUES, topic=TOPIC,
+                                 group=GROUP, timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            _, err = proc.communicate()
+    assert ready, f"kinspect serve did not listen on {port} (exit {proc.returncode}):\n{err}"
+    assert consumed == VALUES
+    assert proc.returncode == 0, err
+    assert f"on 127.0.0.1:{port}" in err
+    assert " 0 unmatched" in err and " 0 error(s)" in err, err
+
+
+async def test_in_process_serve_matches_every_request(recorded):
+    flows = load_flows(recorded, codec())
+    async with CaptureBroker(codec(), flows) as broker:
+        consumed = await roundtrip_async("kafka-python", "%s:%d" % broker.address, VALUES,
+                                         topic=TOPIC, group=GROUP, timeout=20)
+    assert consumed == VALUES
+    tiers = {(e["api"], e["tier"]) for e in broker.served}
+    assert not [e for e in broker.served if e["tier"] in (None, "unmatched")], broker.served
+    # the re-run producer's records carry new timestamps: equal only after ignoring them
+    assert ("Produce", "normalized") in tiers
+    # the consumer's first Fetch is byte-for-byte the recorded one
+    first_fetch = next(e for e in broker.served if e["api"] == "Fetch")
+    assert first_fetch["tier"] == "exact" and not first_fetch["reused"]
+    recorded_fetches = [f.id for f in flows if f.api_name == "Fetch"]
+    assert first_fetch["flow"] == recorded_fetches[0]
+
+
+async def test_addresses_point_at_the_serving_listener(recorded):
+    flows = load_flows(recorded, codec())
+    recorded_port = next(f for f in flows if f.api_name == "Metadata"
+                         ).response_decoded.body.Brokers[0].Port
+    async with CaptureBroker(codec(), flows) as broker:
+        host, port = broker.address
+        assert port != recorded_port
+        meta = next(f for f in flows if f.api_name == "Metadata")
+        frame = meta.request[:4] + struct.pack(">i", 77) + meta.request[8:]
+        (resp,) = await exchange(host, port, [frame])
+    body = codec().decode_response(resp, meta.api_key, meta.api_version)
+    assert body.correlation_id == 77
+    assert [(b.Host, b.Port) for b in body.body.Brokers] == [(host, port)]
+
+
+@pytest.mark.parametrize("version", [0, 1, 2, 3])
+async def test_api_versions_at_another_version_than_recorded(recorded, version):
+    flows = load_flows(recorded, codec())
+    rec = next(f for f in flows if f.api_name == "ApiVersions")
+    assert rec.api_version != version
+    want = [(k.ApiKey, k.MinVersion, k.MaxVersion) for k in rec.response_decoded.body.ApiKeys]
+    async with CaptureBroker(codec(), flows) as broker:
+        body = ({} if version < 3 else
+                {"ClientSoftwareName": "t", "ClientSoftwareVersion": "1"})
+        (resp,) = await exchange(*broker.address, [request_bytes(18, version, 5, **body)])
+    got = codec().decode_response(resp, 18, version)
+    assert got.correlation_id == 5 and got.body.ErrorCode == 0
+    assert [(k.ApiKey, k.MinVersion, k.MaxVersion) for k in got.body.ApiKeys] == want
+
+
+async def test_api_versions_newer_than_any_spec_gets_v0_unsupported_version(recorded):
+    flows = load_flows(recorded, codec())
+    frame = struct.pack(">hhi", 18, 99, 6) + struct.pack(">h", 1) + b"t"
+    async with CaptureBroker(codec(), flows) as broker:
+        (resp,) = await exchange(*broker.address, [frame])
+    got = codec().decode_response(resp, 18, 0)  # KIP-511: a v0 body
+    assert got.body.ErrorCode == 35
+    assert {k.ApiKey for k in got.body.ApiKeys} >= {0, 1, 3, 18}
+
+
+def _request(api_key: int, version: int, corr: int, body) -> bytes:
+    c = codec()
+    return c.encode_request(Request(api_key, version, corr, "t",
+                                    c.request_header_version(api_key, version), None, body, 0,
+                                    c.api_name(api_key)))
+
+
+async def test_unmatched_requests_get_error_responses_or_a_disconnect(recorded):
+    c = codec()
+    flows = load_flows(recorded, c)
+    meta_versions = {f.api_version for f in flows if f.api_name == "Metadata"}
+    assert 1 not in meta_versions
+    topic_cls = c.request_codec(3).cls._spec.field("Topics").struct.cls
+    meta_v1 = _request(3, 1, 11, c.request_codec(3).cls(Topics=[topic_cls(Name=TOPIC)]))
+    meta_all_v1 = _request(3, 1, 12, c.request_codec(3).cls(Topics=None))
+    describe_groups = _request(15, 0, 13, c.request_codec(15).cls(Groups=[GROUP, "other"]))
+    async with CaptureBroker(c, flows) as broker:
+        addr = broker.address
+        # Metadata v1 (recorded only at other versions): per-topic UNSUPPORTED_VERSION
+        (resp,) = await exchange(*addr, [meta_v1])
+        body = c.decode_response(resp, 3, 1).body
+        assert [(t.Name, t.ErrorCode) for t in body.Topics] == [(TOPIC, 35)]
+        # DescribeGroups was never recorded: UNKNOWN_SERVER_ERROR per group
+        (resp,) = await exchange(*addr, [describe_groups])
+        body = c.decode_response(resp, 15, 0).body
+        assert [(g.GroupId, g.ErrorCode) for g in body.Groups] == [(GROUP, -1), ("other", -1)]
+        # Metadata for all topics has nowhere to carry an error: clean disconnect
+        reader, writer = await asyncio.open_connection(*addr)
+        writer.write(struct.pack(">i", len(meta_all_v1)) + meta_all_v1)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+        # garbage: an unknown api key, then a negative frame size
+        for junk in (struct.pack(">ihhi", 8, 999, 0, 1), struct.pack(">i", -5)):
+            reader, writer = await asyncio.open_connection(*addr)
+            writer.write(junk)
+            await writer.drain()
+            assert await asyncio.wait_for(reader.read(), 5) == b""
+            writer.close()
+        # and the server still answers
+        rec = next(f for f in flows if f.api_name == "ApiVersions")
+        (resp,) = await exchange(*addr, [rec.request])
+        assert c.decode_response(resp, 18, rec.api_version).body.ErrorCode == 0
+    assert broker.stats.unmatched == 3 and broker.stats.errors == 0
+    assert broker.stats.disconnects == 3
+    logged = [e for e in broker.served if e["tier"] == "unmatched"]
+    assert [e["api"] for e in logged] == ["Metadata", "DescribeGroups", "Metadata"]
+    assert "UNSUPPORTED_VERSION(35)" in logged[0]["error"]
+    assert "no error field: disconnected" in logged[2]["error"]
+
+
+async def test_successive_identical_requests_get_successive_recorded_responses(recorded):
+    """Recorded ApiVersions/Metadata requests with equal bodies are served in recorded
+    order, then the last one again."""
+    c = codec()
+    flows = load_flows(recorded, c)
+    metas = [f for f in flows if f.api_name == "Metadata"]
+    same = [f for f in metas if f.request_decoded.body == metas[0].request_decoded.body]
+    assert len(same) >= 2
+    async with CaptureBroker(c, flows) as broker:
+        await exchange(*broker.address, [metas[0].request] * (len(same) + 1))
+    served = [e for e in broker.served if e["api"] == "Metadata"]
+    assert [e["flow"] for e in served] == [f.id for f in same] + [same[-1].id]
+    assert [e["reused"] for e in served] == [False] * len(same) + [True]
