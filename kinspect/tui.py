@@ -10,7 +10,6 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from datetime import datetime
 from typing import Any, Callable, TextIO
 
 from rich.console import Console, Group
@@ -18,9 +17,10 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from .filters import TopicIds
 from .flows import Flow
+from .show import COLUMNS, flow_row
 
-COLUMNS = ("time", "conn", "client id", "api", "corr", "req", "resp", "latency", "err", "flags")
 
 
 def human_bytes(n: float | None) -> str:
@@ -33,36 +33,17 @@ def human_bytes(n: float | None) -> str:
     return f"{n:.1f} GiB"  # pragma: no cover
 
 
-def human_latency(ns: int | None) -> str:
-    if ns is None:
-        return "-"
-    us = ns / 1000
-    if us < 1000:
-        return f"{us:.0f} µs"
-    if us < 1_000_000:
-        return f"{us / 1000:.1f} ms"
-    return f"{us / 1_000_000:.2f} s"
-
-
-def flow_columns(flow: Flow) -> tuple[str, ...]:
-    """The live view's columns for one flow (see :data:`COLUMNS`)."""
-    t = datetime.fromtimestamp(flow.request_ns / 1e9).strftime("%H:%M:%S.%f")[:-3]
-    api = flow.api_name if flow.api_version < 0 else f"{flow.api_name} v{flow.api_version}"
-    resp_len = None if flow.response is None else len(flow.response)
-    err = "-" if flow.error_code is None else str(flow.error_code)
-    return (t, str(flow.conn), flow.client_id or "-", api,
-            "-" if flow.correlation_id < 0 else str(flow.correlation_id),
-            human_bytes(len(flow.request)), human_bytes(resp_len), human_latency(flow.latency_ns),
-            err, ",".join(sorted(flow.flags)))
-
-
-def flow_line(flow: Flow) -> str:
-    """One log line per flow (``--no-tui``)."""
-    c = flow_columns(flow)
-    line = (f"{c[0]} conn={c[1]} client={c[2]} {c[3]} corr={c[4]} req={c[5]} resp={c[6]} "
-            f"latency={c[7]} err={c[8]}")
-    if flow.flags:
-        line += f" [{c[9]}]"
+def flow_line(flow: Flow, topic_ids: TopicIds | None = None) -> str:
+    """One log line per flow (``--no-tui``), with the live view's columns."""
+    r = flow_row(flow, topic_ids)
+    line = (f"{r['time']} #{r['id']} conn={r['conn']} client={r['client_id'] or '-'} {r['api']} "
+            f"corr={r['corr'] or '-'} req={r['req_bytes'] or '-'}B "
+            f"resp={r['resp_bytes'] or '-'}B latency={r['latency'] or '-'}ms "
+            f"err={r['error'] or 0}")
+    if r["records"]:
+        line += f" records={r['records']}"
+    if r["flags"]:
+        line += f" [{r['flags']}]"
     if flow.error:
         line += f" ({flow.error})"
     return line
@@ -104,6 +85,8 @@ class LiveView:
         self.proxy = proxy
         self.console = console or Console()
         self.flows: deque[Flow] = deque(maxlen=keep)
+        self.rows: dict[int, dict[str, str]] = {}  # flow id -> rendered row (made once)
+        self.topic_ids = TopicIds()
         self.match = match
         self.title = title
         self._rate = _Rate()
@@ -120,7 +103,10 @@ class LiveView:
         now = time.monotonic()
         self._rate.add(now, 1)
         self._bytes.add(now, len(flow.request) + len(flow.response or b""))
+        self.topic_ids.learn(flow)
         if self.match is None or self.match(flow):
+            if len(self.flows) == self.flows.maxlen:
+                self.rows.pop(self.flows[0].id, None)
             self.flows.append(flow)
 
     def close(self) -> None:
@@ -152,12 +138,13 @@ class LiveView:
 
     def table(self, rows: int) -> Table:
         t = Table(expand=True, box=None, header_style="bold", pad_edge=False)
-        for col in COLUMNS:
-            t.add_column(col, justify="right" if col in ("conn", "corr", "req", "resp",
-                                                          "latency", "err") else "left",
-                         no_wrap=True, overflow="ellipsis")
+        for _key, header, justify in COLUMNS:
+            t.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
         for flow in list(self.flows)[-rows:] if rows > 0 else []:
-            cols = flow_columns(flow)
+            row = self.rows.get(flow.id)
+            if row is None:  # rendered once, when first shown, off the forwarding path
+                row = self.rows[flow.id] = flow_row(flow, self.topic_ids)
+            cols = [row[k] for k, _, _ in COLUMNS]
             style = None
             if flow.flags & {"undecoded", "unpaired", "closed"}:
                 style = "yellow"
@@ -179,7 +166,9 @@ class LinePrinter:
     def __init__(self, out: TextIO | None = None, match: Callable[[Flow], bool] | None = None):
         self.out = out or sys.stdout
         self.match = match
+        self.topic_ids = TopicIds()
 
     def on_flow(self, flow: Flow) -> None:
+        self.topic_ids.learn(flow)
         if self.match is None or self.match(flow):
-            print(flow_line(flow), file=self.out, flush=True)
+            print(flow_line(flow, self.topic_ids), file=self.out, flush=True)

@@ -35,12 +35,10 @@ def _add_view_options(p: argparse.ArgumentParser) -> None:
 
 
 def _optional_options(p: argparse.ArgumentParser) -> None:
-    try:  # TEMP until capture.py and rules.py land
-        from ..capture import add_capture_options
-        add_capture_options(p)
-    except ImportError:
-        pass
-    try:
+    from ..capture import add_capture_options
+
+    add_capture_options(p)
+    try:  # TEMP until rules.py lands
         from ..proxy.rules import add_rules_options
         add_rules_options(p)
     except ImportError:
@@ -106,15 +104,13 @@ def _view(args: argparse.Namespace, proxy: Any, title: str):
 
 async def _serve(args: argparse.Namespace, proxy: Any, title: str,
                  stop: asyncio.Event, started: "asyncio.Future | None" = None) -> None:
+    from ..capture import capture_addon_from_args
+
     codec = proxy.codec
-    try:  # TEMP until capture.py and rules.py land
-        from ..capture import capture_addon_from_args
-        capture = capture_addon_from_args(args, proxy.config, codec)
-        if capture is not None:
-            proxy.pipeline.add(capture)
-    except ImportError:
-        pass
-    try:
+    capture = capture_addon_from_args(args, proxy.config, codec)
+    if capture is not None:
+        proxy.pipeline.add(capture)
+    try:  # TEMP until rules.py lands
         from ..proxy.rules import install_rules
         install_rules(args, proxy, codec, log)
     except ImportError:
