@@ -36,13 +36,10 @@ def _add_view_options(p: argparse.ArgumentParser) -> None:
 
 def _optional_options(p: argparse.ArgumentParser) -> None:
     from ..capture import add_capture_options
+    from ..proxy.rules import add_rules_options
 
     add_capture_options(p)
-    try:  # TEMP until rules.py lands
-        from ..proxy.rules import add_rules_options
-        add_rules_options(p)
-    except ImportError:
-        pass
+    add_rules_options(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -110,11 +107,12 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
     capture = capture_addon_from_args(args, proxy.config, codec)
     if capture is not None:
         proxy.pipeline.add(capture)
-    try:  # TEMP until rules.py lands
-        from ..proxy.rules import install_rules
-        install_rules(args, proxy, codec, log)
-    except ImportError:
-        pass
+    from rich.console import Console
+
+    from ..proxy.rules import install_rules
+
+    err_console = Console(stderr=True)
+    ruleset = install_rules(args, proxy, codec, err_console)
     view = _view(args, proxy, title)
     proxy.pipeline.add(view)
     await proxy.start()
@@ -129,6 +127,8 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         await stop.wait()
     finally:
         await proxy.close()
+        if len(ruleset):
+            err_console.print(ruleset.table())
 
 
 def _install_signals(stop: asyncio.Event) -> None:

@@ -1,0 +1,123 @@
+"""``kinspect tolerate``: the tagged-field tolerance matrix of a broker (KIP-482)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import add_spec_options
+
+EPILOG = """\
+Each cell sends one request, on a fresh connection, with one unknown tagged field
+injected: in the request header, at the top level, or in a nested struct (arrays
+get one element so every level exists). Tag numbers: just above the highest tag the
+spec defines there, 10000, and 2^31-1; payloads: 0 B, 1 B, 1 KiB, 1 MiB.
+
+  ✓ tolerated: the answer equals the baseline (fields that differ between two
+    baseline answers, and ThrottleTimeMs, are ignored)
+  E<n> error code n     ≠ a different answer without an error code
+  ✗ disconnect          T timeout      ? undecodable answer      - not run
+
+The client side (does *my client* skip unknown tags?): run the proxy with rules
+that inject unknown tags into responses, and point the client at the proxy:
+
+  kinspect proxy --upstream BROKER:9092 \\
+      --inject '*:response:header:tag=10000:size=16' \\
+      --inject '*:response:top:tag=10000:hex=cafe' \\
+      --inject 'Metadata:response:Topics[]:tag=10000:string=hello' \\
+      --inject 'Fetch:response:Responses[].Partitions[]:tag=10000:size=1KiB'
+
+and strip the tagged fields a broker sends (known ones reset to defaults):
+
+  kinspect proxy --upstream BROKER:9092 --strip '*:response:top:all'
+
+See docs/tagged-fields.md."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "tolerate",
+        help="tagged-field tolerance matrix: does a broker skip unknown tagged fields?",
+        description="Send baseline requests and variants with unknown tagged fields "
+                    "injected (KIP-482) to a broker, and classify each answer.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="the broker")
+    p.add_argument("--include-writes", action="store_true",
+                   help="create a scratch topic and add Produce, OffsetCommit and "
+                        "InitProducerId (they write to the scratch topic and group)")
+    p.add_argument("--json", metavar="OUT", help="write the JSON report here ('-' = stdout)")
+    p.add_argument("--timeout", type=float, default=2.0, metavar="S",
+                   help="seconds to wait for each answer (default 2)")
+    p.add_argument("--max-cells", type=int, default=3000, metavar="N",
+                   help="most requests to send, baselines included (default 3000)")
+    p.add_argument("--budget", type=float, default=45.0, metavar="S",
+                   help="start no request after this many seconds (default 45)")
+    p.add_argument("--apis", metavar="LIST",
+                   help="comma-separated api names instead of the default safe set")
+    p.add_argument("--payloads", metavar="LIST", default="0,1,1KiB,1MiB",
+                   help="payload sizes (default 0,1,1KiB,1MiB)")
+    p.add_argument("--tags", metavar="LIST", default="above,large,max",
+                   help="tag numbers: above (highest known + 1), large (10000), max "
+                        "(2^31-1); default all three")
+    p.add_argument("--fail-on-intolerance", action="store_true",
+                   help="exit 1 when a variant is not tolerated")
+    add_spec_options(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from ..codec.errors import KinspectError
+    from ..proxy.rules import parse_size
+    from ..proxy.server import parse_hostport
+    from ..tolerate import TAG_KINDS, MatrixConfig, run_matrix
+    from . import make_codec
+
+    try:
+        bootstrap = parse_hostport(args.bootstrap)
+    except ValueError as e:
+        raise KinspectError(f"--bootstrap: {e}") from None
+    sizes = tuple(parse_size(x) for x in args.payloads.split(",") if x.strip())
+    kinds = tuple(x.strip() for x in args.tags.split(",") if x.strip())
+    bad = [k for k in kinds if k not in TAG_KINDS]
+    if bad or not kinds or not sizes:
+        raise KinspectError(f"--tags takes {', '.join(TAG_KINDS)}; --payloads at least one size")
+    cfg = MatrixConfig(
+        bootstrap=bootstrap, include_writes=args.include_writes, timeout=args.timeout,
+        max_cells=args.max_cells, budget=args.budget,
+        apis=tuple(a.strip() for a in args.apis.split(",") if a.strip()) if args.apis else None,
+        payload_sizes=sizes, tag_kinds=kinds)
+    to_stdout = args.json == "-"
+    console = Console(stderr=to_stdout)
+    codec = make_codec(args)
+    count = 0
+    with console.status("tolerance matrix: starting") as status:
+        def progress(cell) -> None:
+            nonlocal count
+            count += 1
+            status.update(f"tolerance matrix: {count} requests, now {cell.api} v{cell.version} "
+                          f"{cell.place}")
+        report = run_matrix(cfg, codec, progress)
+    console.print(report.table())
+    for note in report.notes:
+        console.print(f"note: {note}", highlight=False)
+    for name, why in report.skipped.items():
+        console.print(f"skipped {name}: {why}", highlight=False, style="dim")
+    if report.truncated:
+        console.print(f"[yellow]truncated:[/] {report.truncated}")
+    s = report.summary()
+    console.print(", ".join(f"{k} {v}" for k, v in s.items() if v) +
+                  f" ({len(report.cells)} requests in {report.elapsed:.1f} s)", highlight=False)
+    if args.json:
+        text = json.dumps(report.to_dict(), indent=1)
+        if to_stdout:
+            sys.stdout.write(text + "\n")
+        else:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                fh.write(text + "\n")
+            console.print(f"JSON report: {args.json}", highlight=False)
+    if args.fail_on_intolerance and sum(s.values()) != s["tolerated"]:
+        return 1
+    return 0

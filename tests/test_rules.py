@@ -1,0 +1,617 @@
+"""Tagged-field rules (kinspect.proxy.rules) on codec-built frames: every place
+(request/response header, top level, struct paths with every element / an index)
+and every action (inject, strip given / unknown / all, set), plus validation,
+matching, counters, the flag syntax and the json5 rules file."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from kinspect.codec import Codec, Request, Response
+from kinspect.codec.compiler import write_uvarint
+from kinspect.flows import Flow
+from kinspect.proxy.rules import (
+    FLAG_SYNTAX,
+    RuleError,
+    RuleSet,
+    add_rules_options,
+    encode_payload,
+    generated_payload,
+    install_rules,
+    load_rules_file,
+    parse_flag,
+    parse_size,
+    rule_from_dict,
+)
+from kinspect.proxy.server import Proxy, ProxyConfig
+
+METADATA, FETCH, API_VERSIONS = 3, 1, 18
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    return Codec()
+
+
+# -- frame builders (codec-built) -------------------------------------------------
+
+
+def response_frame(codec: Codec, api_key: int, version: int, body: dict,
+                   header_tags: dict[int, bytes] | None = None, corr: int = 41) -> bytes:
+    cls = codec.response_codec(api_key).cls
+    hcls = codec.registry.header("ResponseHeader").cls
+    header = hcls(CorrelationId=corr, unknown_tags=header_tags)
+    resp = Response(api_key, version, corr, codec.response_header_version(api_key, version),
+                    header, cls.from_dict(body), 0, codec.api_name(api_key), version)
+    return codec.encode_response(resp)
+
+
+def request_frame(codec: Codec, api_key: int, version: int, body: dict, corr: int = 41) -> bytes:
+    cls = codec.request_codec(api_key).cls
+    hcls = codec.registry.header("RequestHeader").cls
+    hv = codec.request_header_version(api_key, version)
+    header = hcls(RequestApiKey=api_key, RequestApiVersion=version, CorrelationId=corr,
+                  ClientId="test-client")
+    req = Request(api_key, version, corr, "test-client", hv, header, cls.from_dict(body), 0,
+                  codec.api_name(api_key))
+    return codec.encode_request(req)
+
+
+def flow_for(codec: Codec, api_key: int, version: int, corr: int = 41) -> Flow:
+    return Flow(1, 1, "127.0.0.1:1", "127.0.0.1:2", api_key, version, corr,
+                codec.api_name(api_key), b"", 0)
+
+
+METADATA_BODY = {
+    "Brokers": [{"NodeId": 1, "Host": "127.0.0.1", "Port": 9092}],
+    "Topics": [
+        {"Name": "a", "Partitions": [{"PartitionIndex": 0}, {"PartitionIndex": 1}]},
+        {"Name": "b", "Partitions": [{"PartitionIndex": 0}]},
+        {"Name": "c", "Partitions": []},
+    ],
+}
+
+
+def rules(codec: Codec, *flags: str) -> RuleSet:
+    parsed = []
+    for f in flags:
+        action, _, text = f.partition(" ")
+        parsed.append(parse_flag(action, text))
+    return RuleSet(parsed, codec)
+
+
+def read_uv(buf: bytes, pos: int) -> tuple[int, int]:
+    """An unsigned varint, read independently of the codec."""
+    shift = value = 0
+    while True:
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+
+
+def tag_section(buf: bytes, pos: int) -> tuple[list[tuple[int, bytes]], int]:
+    """``[(tag, data), ...]`` of the tag section at ``pos``, in wire order."""
+    n, pos = read_uv(buf, pos)
+    out = []
+    for _ in range(n):
+        tag, pos = read_uv(buf, pos)
+        size, pos = read_uv(buf, pos)
+        out.append((tag, buf[pos:pos + size]))
+        pos += size
+    return out, pos
+
+
+def uv(n: int) -> bytes:
+    out = bytearray()
+    write_uvarint(out, n)
+    return bytes(out)
+
+
+# -- payloads and syntax ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kind", "value", "expected"), [
+    ("hex", "cafe", b"\xca\xfe"),
+    ("hex", "0xCA FE", b"\xca\xfe"),
+    ("int8", "-1", b"\xff"),
+    ("int16", "258", b"\x01\x02"),
+    ("int32", "5", b"\x00\x00\x00\x05"),
+    ("int64", "-2", b"\xff" * 7 + b"\xfe"),
+    ("uint16", "65535", b"\xff\xff"),
+    ("uint32", "0x01020304", b"\x01\x02\x03\x04"),
+    ("bool", "true", b"\x01"),
+    ("uvarint", "300", b"\xac\x02"),
+    ("varint", "-1", b"\x01"),
+    ("varlong", "1", b"\x02"),
+    ("string", "abc", b"\x04abc"),
+    ("bytes", "0102", b"\x03\x01\x02"),
+    ("uuid", "00000000-0000-0000-0000-000000000001", bytes(15) + b"\x01"),
+    ("size", "10", b"kinspectki"),
+])
+def test_encode_payload(kind, value, expected):
+    assert encode_payload(kind, value) == expected
+
+
+@pytest.mark.parametrize(("kind", "value"), [
+    ("int8", "128"), ("int32", "x"), ("uvarint", "-1"), ("hex", "abc"), ("bool", "maybe"),
+    ("uuid", "nope"), ("float", "1.0"),
+])
+def test_encode_payload_rejects_bad_values(kind, value):
+    with pytest.raises(RuleError):
+        encode_payload(kind, value)
+
+
+def test_sizes_and_generated_payload():
+    assert parse_size("1KiB") == 1024
+    assert parse_size("1 MiB") == 1 << 20
+    assert parse_size(7) == 7
+    assert len(generated_payload(1 << 20)) == 1 << 20
+    with pytest.raises(RuleError):
+        parse_size("1 GiB")
+
+
+def test_parse_inject_flag():
+    r = parse_flag("inject", "Metadata@9-12:resp:Topics[].Partitions[0]:tag=99:string=a:b")
+    assert (r.action, r.api, str(r.versions), r.direction) == ("inject", "Metadata", "9-12",
+                                                               "response")
+    assert [str(s) for s in r.steps] == ["Topics[]", "Partitions[0]"]
+    assert r.tag == 99
+    assert r.payload == b"\x04a:b"  # colons after the tag belong to the payload
+
+
+def test_parse_strip_flag():
+    assert parse_flag("strip", "Fetch:request:top:tags=3,1").strip == (1, 3)
+    assert parse_flag("strip", "3:response:header:unknown").strip == "unknown"
+    assert parse_flag("strip", "*:response:top:all").strip == "all"
+
+
+@pytest.mark.parametrize(("action", "text"), [
+    ("inject", "Metadata:response:top"),                 # no tag
+    ("inject", "Metadata:response:top:99"),              # not tag=N
+    ("inject", "Metadata:sideways:top:tag=1"),           # direction
+    ("inject", "Metadata@9-x:response:top:tag=1"),       # versions
+    ("inject", "Metadata:response:Topics[x]:tag=1"),     # path
+    ("inject", "Metadata:response:top:tag=2147483648"),  # tag range
+    ("inject", "Metadata:response:top:tag=1:int32"),     # payload without value
+    ("strip", "Metadata:response:top"),                  # no WHAT
+    ("strip", "Metadata:response:top:some"),
+])
+def test_bad_flags_raise_rule_error(action, text):
+    with pytest.raises(RuleError) as info:
+        parse_flag(action, text, "--x #1")
+    assert "--x #1" in str(info.value)
+
+
+# -- places -----------------------------------------------------------------------
+
+
+def test_inject_response_header(codec):
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    flow = flow_for(codec, METADATA, 12)
+    rs = rules(codec, "inject Metadata:response:header:tag=5:int32=5")
+    new = rs.mutate_response(flow, frame)
+    resp = codec.decode_response(new, METADATA, 12)
+    assert resp.header.unknown_tags == {5: b"\x00\x00\x00\x05"}
+    assert resp.correlation_id == 41
+    assert resp.body == codec.decode_response(frame, METADATA, 12).body
+    # the header's tag section follows the correlation id directly
+    assert tag_section(new, 4)[0] == [(5, b"\x00\x00\x00\x05")]
+    assert rs.rules[0].stats.applied == 1
+    assert any("inject Metadata:response:header:tag=5" in n for n in flow.notes)
+
+
+def test_inject_request_header_and_body(codec):
+    frame = request_frame(codec, METADATA, 12, {"Topics": [{"Name": "a"}, {"Name": "b"}]})
+    rs = rules(codec, "inject Metadata:request:header:tag=0:hex=01",
+               "inject Metadata:request:Topics[1]:tag=3:hex=02")
+    new = rs.mutate_request(flow_for(codec, METADATA, 12), frame)
+    req = codec.decode_request(new)
+    assert req.header.unknown_tags == {0: b"\x01"}
+    assert (req.correlation_id, req.client_id) == (41, "test-client")
+    assert [t.unknown_tags for t in req.body.Topics] == [{}, {3: b"\x02"}]
+
+
+def test_inject_top_level_into_empty_tag_section(codec):
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    assert frame.endswith(b"\x00")  # the top-level tag section is empty and last
+    rs = rules(codec, "inject Metadata:response:top:tag=7:hex=cafe")
+    new = rs.mutate_response(flow_for(codec, METADATA, 12), frame)
+    # the frame is the old one with its empty tag section replaced by a one-tag section
+    assert new == frame[:-1] + b"\x01" + uv(7) + uv(2) + b"\xca\xfe"
+    assert codec.decode_response(new, METADATA, 12).body.unknown_tags == {7: b"\xca\xfe"}
+
+
+def test_inject_every_element_of_nested_path(codec):
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    rs = rules(codec, "inject Metadata:response:Topics[].Partitions[]:tag=10000:size=3")
+    body = codec.decode_response(rs.mutate_response(flow_for(codec, METADATA, 12), frame),
+                                 METADATA, 12).body
+    assert [[p.unknown_tags for p in t.Partitions] for t in body.Topics] == [
+        [{10000: b"kin"}, {10000: b"kin"}], [{10000: b"kin"}], []]
+    assert [t.unknown_tags for t in body.Topics] == [{}, {}, {}]
+    assert body.unknown_tags == {}
+
+
+@pytest.mark.parametrize(("place", "expected"), [
+    ("Topics[0]", [True, False, False]),
+    ("Topics[2]", [False, False, True]),
+    ("Topics[-1]", [False, False, True]),
+    ("Topics[]", [True, True, True]),
+])
+def test_inject_by_index(codec, place, expected):
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    rs = rules(codec, f"inject Metadata:response:{place}:tag=9")
+    body = codec.decode_response(rs.mutate_response(flow_for(codec, METADATA, 12), frame),
+                                 METADATA, 12).body
+    assert [9 in t.unknown_tags for t in body.Topics] == expected
+
+
+def test_index_out_of_range_leaves_frame_alone(codec):
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    rs = rules(codec, "inject Metadata:response:Topics[3]:tag=9")
+    assert rs.mutate_response(flow_for(codec, METADATA, 12), frame) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.applied, s.no_target) == (1, 0, 1)
+
+
+def test_struct_field_path_without_brackets(codec):
+    # FetchResponse PartitionData.CurrentLeader is a (tagged) struct field
+    body = {"Responses": [{"Topic": "t", "Partitions": [{"PartitionIndex": 0,
+                                                        "CurrentLeader": {"LeaderId": 3,
+                                                                          "LeaderEpoch": 4}}]}]}
+    frame = response_frame(codec, FETCH, 12, body)
+    rs = rules(codec, "inject Fetch:response:Responses[].Partitions[].CurrentLeader:tag=5:hex=aa")
+    out = codec.decode_response(rs.mutate_response(flow_for(codec, FETCH, 12), frame), FETCH, 12)
+    leader = out.body.Responses[0].Partitions[0].CurrentLeader
+    assert (leader.LeaderId, leader.unknown_tags) == (3, {5: b"\xaa"})
+
+
+# -- ascending order ---------------------------------------------------------------
+
+
+def test_inject_between_existing_tags_keeps_ascending_order(codec):
+    """FetchRequest v12 top level: known tag 0 (ClusterId) and unknown tags 1 and 20
+    on the wire (tag 1 is ReplicaState only from v15); inject 7 and 2 → 0, 1, 2, 7, 20."""
+    cls = codec.request_codec(FETCH).cls
+    body = cls.from_dict({"ClusterId": "c1", "Topics": [],
+                          "_unknown_tags": {"1": "01", "20": "14"}})
+    hcls = codec.registry.header("RequestHeader").cls
+    req = Request(FETCH, 12, 5, "x", 2, hcls(RequestApiKey=FETCH, RequestApiVersion=12,
+                                               CorrelationId=5, ClientId="x"), body, 0, "Fetch")
+    frame = codec.encode_request(req)
+    rs = rules(codec, "inject Fetch@12:request:top:tag=7:hex=07",
+               "inject Fetch@12:request:top:tag=2:hex=02")
+    new = rs.mutate_request(flow_for(codec, FETCH, 12, 5), frame)
+    # locate the top-level tag section: the same message without tags ends in a 0 byte there
+    bare = body.copy()
+    bare.unknown_tags = None
+    bare.ClusterId = None
+    req.body = bare
+    start = len(codec.encode_request(req)) - 1
+    tags, end = tag_section(new, start)
+    assert end == len(new)
+    assert [t for t, _ in tags] == [0, 1, 2, 7, 20]
+    assert dict(tags)[0] == b"\x03c1"
+    assert codec.decode_request(new).body.unknown_tags == {1: b"\x01", 2: b"\x02", 7: b"\x07",
+                                                          20: b"\x14"}
+
+
+def test_inject_existing_unknown_tag_replaces_it(codec):
+    body = dict(METADATA_BODY, _unknown_tags={"9": "00"})
+    frame = response_frame(codec, METADATA, 12, body)
+    rs = rules(codec, "inject Metadata:response:top:tag=9:hex=ff")
+    out = codec.decode_response(rs.mutate_response(flow_for(codec, METADATA, 12), frame),
+                                METADATA, 12)
+    assert out.body.unknown_tags == {9: b"\xff"}
+
+
+# -- strip --------------------------------------------------------------------------
+
+
+DEFAULT_TAGS = [(0, b"\x01"), (1, b"\xff" * 8), (2, b"\x01"), (3, b"\x00"), (50, b"\xbe\xef")]
+DEFAULT_SECTION = uv(len(DEFAULT_TAGS)) + b"".join(uv(t) + uv(len(d)) + d for t, d in DEFAULT_TAGS)
+API_VERSIONS_BODY = {"ApiKeys": [{"ApiKey": 3, "MinVersion": 0, "MaxVersion": 12}]}
+
+
+def api_versions_v3_with_default_tags(codec: Codec) -> bytes:
+    """An ApiVersions v3 response whose top level carries all four known tagged fields
+    at their default values (as Tansu writes them) plus unknown tag 50."""
+    base = response_frame(codec, API_VERSIONS, 3, API_VERSIONS_BODY)
+    assert base.endswith(b"\x00")
+    return base[:-1] + DEFAULT_SECTION
+
+
+def test_frame_with_default_tags_round_trips(codec):
+    frame = api_versions_v3_with_default_tags(codec)
+    resp = codec.decode_response(frame, API_VERSIONS, 3)
+    assert codec.encode_response(resp) == frame
+
+
+def test_strip_all_resets_known_fields_and_drops_unknown(codec):
+    frame = api_versions_v3_with_default_tags(codec)
+    rs = rules(codec, "strip ApiVersions:response:top:all")
+    new = rs.mutate_response(flow_for(codec, API_VERSIONS, 3), frame)
+    assert new == response_frame(codec, API_VERSIONS, 3, API_VERSIONS_BODY)
+    assert new.endswith(b"\x00")
+
+
+@pytest.mark.parametrize(("what", "kept"), [
+    ("unknown", [0, 1, 2, 3]),
+    ("tags=1,50,77", [0, 2, 3]),
+    ("tags=3", [0, 1, 2, 50]),
+])
+def test_strip_some_tags(codec, what, kept):
+    frame = api_versions_v3_with_default_tags(codec)
+    rs = rules(codec, f"strip ApiVersions:response:top:{what}")
+    new = rs.mutate_response(flow_for(codec, API_VERSIONS, 3), frame)
+    start = len(frame) - len(DEFAULT_SECTION)
+    assert new[:start] == frame[:start]
+    tags, end = tag_section(new, start)
+    assert end == len(new)
+    assert tags == [(t, d) for t, d in DEFAULT_TAGS if t in kept]
+
+
+def test_strip_nested_known_tagged_fields(codec):
+    body = {"Responses": [{"Topic": "t", "Partitions": [
+        {"PartitionIndex": 0, "CurrentLeader": {"LeaderId": 3, "LeaderEpoch": 4},
+         "SnapshotId": {"EndOffset": 9, "Epoch": 1}, "_unknown_tags": {"40": "00"}},
+        {"PartitionIndex": 1}]}]}
+    frame = response_frame(codec, FETCH, 12, body)
+    rs = rules(codec, "strip Fetch:response:Responses[].Partitions[]:all")
+    out = codec.decode_response(rs.mutate_response(flow_for(codec, FETCH, 12), frame), FETCH, 12)
+    p0, p1 = out.body.Responses[0].Partitions
+    assert p0.CurrentLeader == p1.CurrentLeader  # back to the default
+    assert p0.SnapshotId == p1.SnapshotId
+    assert p0.unknown_tags == {}
+
+
+def test_strip_with_nothing_to_strip_forwards_unchanged(codec):
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    rs = rules(codec, "strip Metadata:response:Topics[]:all")
+    assert rs.mutate_response(flow_for(codec, METADATA, 12), frame) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.applied, s.no_target) == (1, 0, 1)
+
+
+# -- set ----------------------------------------------------------------------------
+
+
+def test_set_known_tagged_field(codec):
+    frame = response_frame(codec, API_VERSIONS, 3, {"ApiKeys": []})
+    rs = RuleSet([rule_from_dict({"api": "ApiVersions", "direction": "response",
+                                  "set": {"field": "FinalizedFeaturesEpoch", "value": 7}}, "t")],
+                 codec)
+    out = codec.decode_response(rs.mutate_response(flow_for(codec, API_VERSIONS, 3), frame),
+                                API_VERSIONS, 3)
+    assert out.body.FinalizedFeaturesEpoch == 7
+
+
+def test_set_to_default_still_writes_the_tag(codec):
+    frame = response_frame(codec, API_VERSIONS, 3, {"ApiKeys": []})
+    assert frame.endswith(b"\x00")
+    rs = RuleSet([rule_from_dict({"api": "ApiVersions", "direction": "response",
+                                  "set": {"field": "ZkMigrationReady", "value": False}}, "t")],
+                 codec)
+    new = rs.mutate_response(flow_for(codec, API_VERSIONS, 3), frame)
+    assert new == frame[:-1] + b"\x01" + uv(3) + uv(1) + b"\x00"
+
+
+def test_set_nested_struct_value(codec):
+    body = {"Responses": [{"Topic": "t", "Partitions": [{"PartitionIndex": 0}]}]}
+    frame = response_frame(codec, FETCH, 12, body)
+    rs = RuleSet([rule_from_dict({
+        "api": "Fetch", "direction": "response", "place": "Responses[].Partitions[]",
+        "set": {"field": "SnapshotId", "value": {"EndOffset": 42, "Epoch": 2}}}, "t")], codec)
+    out = codec.decode_response(rs.mutate_response(flow_for(codec, FETCH, 12), frame), FETCH, 12)
+    snap = out.body.Responses[0].Partitions[0].SnapshotId
+    assert (snap.EndOffset, snap.Epoch) == (42, 2)
+
+
+# -- matching and counters -----------------------------------------------------------
+
+
+def test_non_flexible_frame_is_counted_and_untouched(codec):
+    frame = response_frame(codec, METADATA, 8, METADATA_BODY)
+    rs = rules(codec, "inject Metadata:response:top:tag=9")
+    assert rs.mutate_response(flow_for(codec, METADATA, 8), frame) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.non_flexible, s.applied) == (1, 1, 0)
+
+
+def test_frames_no_rule_matches_are_not_decoded(codec):
+    garbage = b"\x00\x00\x00\x29" + b"\xff" * 3  # correlation id then nonsense
+    rs = rules(codec, "inject Fetch:response:top:tag=9",
+               "inject Metadata@10:response:top:tag=9")
+    assert rs.mutate_response(flow_for(codec, METADATA, 12), garbage) is None
+    assert rs.errors == 0
+    assert all(r.stats.matched == 0 for r in rs.rules)
+
+
+def test_undecodable_matched_frame_is_forwarded_and_counted(codec):
+    garbage = b"\x00\x00\x00\x29\x00" + b"\xff" * 3
+    flow = flow_for(codec, METADATA, 12)
+    rs = rules(codec, "inject Metadata:response:top:tag=9")
+    assert rs.mutate_response(flow, garbage) is None
+    assert rs.rules[0].stats.errors == 1
+    assert any("cannot decode" in n for n in flow.notes)
+
+
+def test_star_api_applies_to_every_flexible_api(codec):
+    rs = rules(codec, "inject *:response:top:tag=10000:hex=01")
+    meta = response_frame(codec, METADATA, 12, METADATA_BODY)
+    fetch = response_frame(codec, FETCH, 12, {"Responses": []})
+    old = response_frame(codec, METADATA, 7, METADATA_BODY)
+    assert rs.mutate_response(flow_for(codec, METADATA, 12), meta) is not None
+    assert rs.mutate_response(flow_for(codec, FETCH, 12), fetch) is not None
+    assert rs.mutate_response(flow_for(codec, METADATA, 7), old) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.applied, s.non_flexible) == (3, 2, 1)
+
+
+def test_rules_apply_in_order_on_one_decode(codec):
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    rs = rules(codec, "inject Metadata:response:top:tag=9:hex=01",
+               "inject Metadata:response:Topics[0]:tag=9:hex=01",
+               "strip Metadata:response:top:tags=9")
+    new = rs.mutate_response(flow_for(codec, METADATA, 12), frame)
+    body = codec.decode_response(new, METADATA, 12).body
+    assert body.unknown_tags == {}
+    assert body.Topics[0].unknown_tags == {9: b"\x01"}
+    assert [r.stats.applied for r in rs.rules] == [1, 1, 1]
+
+
+# -- validation -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("flag", "reason"), [
+    ("inject Nope:response:top:tag=1", "unknown api 'Nope'"),
+    ("inject Metadata@0-8:response:top:tag=1", "not flexible"),
+    ("inject Metadata:response:Topic[]:tag=1", "no field 'Topic'"),
+    ("inject Metadata:response:Topics:tag=1", "is an array"),
+    ("inject Metadata:response:Topics[].Name:tag=1", "not a struct"),
+    ("inject ApiVersions:response:top:tag=2", "known tagged field"),
+    ("inject Fetch:response:Responses[].Partitions[]:tag=1", "CurrentLeader"),
+    ("inject ApiVersions:response:header:tag=1", "header v0"),
+    ("inject *:response:Topics[]:tag=1", "only takes PLACE header or top"),
+    ("inject Metadata@14+:response:top:tag=1", "no version in 14+"),
+])
+def test_rules_that_can_never_apply_are_rejected(codec, flag, reason):
+    action, _, text = flag.partition(" ")
+    with pytest.raises(RuleError) as info:
+        RuleSet([parse_flag(action, text, "--x #1")], codec)
+    assert reason in str(info.value)
+    assert "--x #1" in str(info.value)
+
+
+def test_every_problem_is_reported(codec):
+    with pytest.raises(RuleError) as info:
+        RuleSet([parse_flag("inject", "Nope:response:top:tag=1", "#1"),
+                 parse_flag("inject", "Metadata:response:top:tag=1", "#2"),
+                 parse_flag("strip", "Metadata@0-3:response:top:all", "#3")], codec)
+    assert len(info.value.problems) == 2
+
+
+def test_known_tag_of_a_later_version_is_allowed_below_it(codec):
+    # Fetch request ReplicaState (tag 1) exists from v15: tag 1 in v12-14 is unknown there
+    RuleSet([parse_flag("inject", "Fetch@12-14:request:top:tag=1")], codec)
+    with pytest.raises(RuleError):
+        RuleSet([parse_flag("inject", "Fetch@12-15:request:top:tag=1")], codec)
+
+
+@pytest.mark.parametrize("spec", [
+    {"api": "Metadata", "direction": "response", "set": {"field": "Topics", "value": []}},
+    {"api": "ApiVersions", "direction": "response",
+     "set": {"field": "FinalizedFeaturesEpoch", "value": "x"}},
+    {"api": "ApiVersions", "direction": "response", "set": {"field": "Nope", "value": 1}},
+])
+def test_bad_set_rules_are_rejected(codec, spec):
+    with pytest.raises(RuleError):
+        RuleSet([rule_from_dict(spec, "t")], codec)
+
+
+# -- rules file and CLI glue -------------------------------------------------------------
+
+
+def test_rules_file_matches_flags(codec, tmp_path):
+    path = tmp_path / "rules.json5"
+    path.write_text("""
+    // unknown tags for every Metadata topic, and the known ApiVersions tags removed
+    {
+      rules: [
+        {api: "Metadata", versions: "9+", direction: "response", place: "Topics[]",
+         inject: {tag: 99, hex: "cafe"}, name: "topics"},
+        {api: "ApiVersions", direction: "response", strip: "all"},
+        {api: "Fetch", direction: "response", place: "Responses[].Partitions[]",
+         strip: {tags: [0, 2]}},
+      ],
+    }
+    """)
+    loaded = load_rules_file(path)
+    assert [r.label for r in loaded] == ["rules.json5 #1", "rules.json5 #2", "rules.json5 #3"]
+    assert loaded[0].name == "topics"
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    from_file = RuleSet(loaded[:1], codec).mutate_response(flow_for(codec, METADATA, 12), frame)
+    from_flag = rules(codec, "inject Metadata@9+:response:Topics[]:tag=99:hex=cafe") \
+        .mutate_response(flow_for(codec, METADATA, 12), frame)
+    assert from_file == from_flag
+    assert loaded[2].strip == (0, 2)
+
+
+@pytest.mark.parametrize("text", [
+    "{rules: [{api: 'Metadata', direction: 'response'}]}",           # no action
+    "[{api: 'Metadata', direction: 'response', strip: 'all', x: 1}]",  # unknown key
+    "[{api: 'Metadata', direction: 'response', inject: {tag: 1, hex: '00', int8: 1}}]",
+    "{rules: [}",
+])
+def test_bad_rules_files(tmp_path, text):
+    path = tmp_path / "bad.json5"
+    path.write_text(text)
+    with pytest.raises(RuleError):
+        load_rules_file(path)
+
+
+def parse_args(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="kinspect proxy")
+    add_rules_options(p)
+    return p.parse_args(argv)
+
+
+def test_add_rules_options_documents_the_syntax():
+    p = argparse.ArgumentParser(prog="kinspect proxy")
+    add_rules_options(p)
+    help_text = p.format_help()
+    assert "--inject SPEC" in help_text and "--strip SPEC" in help_text
+    assert FLAG_SYNTAX.splitlines()[2].strip() in help_text
+    args = p.parse_args(["--inject", "Metadata:response:top:tag=1", "--inject",
+                         "Fetch:response:top:tag=5", "--strip", "ApiVersions:response:top:all"])
+    assert len(args.inject) == 2 and args.rules == []
+
+
+async def test_install_rules_sets_only_needed_mutators(codec):
+    proxy = Proxy(ProxyConfig(upstream=("127.0.0.1", 9)), codec=codec)
+    rs = install_rules(parse_args("--inject", "Metadata:response:top:tag=1000"), proxy, codec,
+                       None)
+    assert proxy.response_mutator == rs.mutate_response
+    assert proxy.request_mutator is None  # requests keep the fast path
+
+    proxy2 = Proxy(ProxyConfig(upstream=("127.0.0.1", 9)), codec=codec)
+    rs2 = install_rules(parse_args(), proxy2, codec, None)
+    assert len(rs2) == 0
+    assert proxy2.request_mutator is None and proxy2.response_mutator is None
+
+    proxy3 = Proxy(ProxyConfig(upstream=("127.0.0.1", 9)), codec=codec)
+    with pytest.raises(RuleError):
+        install_rules(parse_args("--strip", "Metadata@0-8:request:top:all"), proxy3, codec, None)
+    assert proxy3.request_mutator is None
+
+
+def test_install_rules_reports_to_a_rich_console(codec):
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    proxy = Proxy(ProxyConfig(upstream=("127.0.0.1", 9)), codec=codec)
+    install_rules(parse_args("--strip", "Metadata:request:Topics[]:unknown"), proxy, codec,
+                  console)
+    text = console.export_text()
+    assert "strip Metadata:request:Topics[]:unknown" in text
+    hi = codec.registry.request(METADATA).valid_versions.highest
+    assert f"[acts on Metadata v9-{hi}]" in text
+    assert proxy.request_mutator is not None and proxy.response_mutator is None
+
+
+def test_stats_and_table(codec):
+    rs = rules(codec, "inject Metadata:response:top:tag=9")
+    rs.mutate_response(flow_for(codec, METADATA, 12), response_frame(codec, METADATA, 12,
+                                                                     METADATA_BODY))
+    (row,) = rs.stats()
+    assert row["applied"] == 1 and row["rule"].startswith("inject Metadata:response:top")
+    from rich.console import Console
+
+    console = Console(record=True, width=200)
+    console.print(rs.table())
+    assert "inject Metadata:response:top:tag=9" in console.export_text()

@@ -1,0 +1,209 @@
+"""The tolerance matrix (kinspect.tolerate, ``kinspect tolerate``) against real brokers,
+plus its pure helpers (request building, nested places, answer comparison).
+
+Findings pinned here (they fail the day a broker changes, so the notes can be updated):
+
+* Tansu 0.6 closes the connection when an unknown tagged field carries more than
+  128 bytes of data (log: ``maximum tagged fields exceeded N``), wherever it is.
+* Tansu 0.6 answers DescribeUserScramCredentials v0 with a null ``Results`` array,
+  which the spec does not allow (our codec, like Kafka's, cannot decode it).
+* noida-db 0.2.3 disconnects a Fetch v12 request carrying top-level tag 1 or
+  partition-level tag 0: it reads them as ``ReplicaState`` / ``ReplicaDirectoryId``,
+  tagged fields only from v15 / v17, whatever the version.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kinspect.brokers import free_port
+from kinspect.cli import main
+from kinspect.codec import Codec
+from kinspect.proxy.server import parse_hostport
+from kinspect.tolerate import (
+    LARGE_TAG,
+    OUTCOMES,
+    TAG_KINDS,
+    BaselineContext,
+    MatrixConfig,
+    build_request,
+    classify,
+    diff_paths,
+    nested_places,
+    normalize,
+    run_matrix,
+)
+
+MAX_TAG = 2**31 - 1
+
+
+@pytest.fixture(scope="module")
+def codec() -> Codec:
+    return Codec()
+
+
+def ctx() -> BaselineContext:
+    return BaselineContext("t", "g", bytes(16), "kinspect-test", b"")
+
+
+# -- pure helpers ----------------------------------------------------------------------
+
+
+def test_build_request_populates_every_nested_level(codec):
+    req = build_request(codec, 9, 8, ctx())  # OffsetFetch v8: Groups[].Topics[]
+    places = [p for p, _ in nested_places(codec.registry.request(9).struct, req.body, 8)]
+    assert places == ["Groups[0]", "Groups[0].Topics[0]"]
+    assert req.body.Groups[0].GroupId == "g"
+    assert req.body.Groups[0].Topics[0].PartitionIndexes == [0]
+    # the request encodes and decodes as itself
+    frame = codec.encode_request(req)
+    assert codec.decode_request(frame).body == req.body
+    assert codec.decode_request(frame).header_version == 2
+
+
+def test_build_request_leaves_forgotten_topics_empty(codec):
+    req = build_request(codec, 1, 12, ctx())
+    assert req.body.ForgottenTopicsData == []
+    assert [p for p, _ in nested_places(codec.registry.request(1).struct, req.body, 12)] == [
+        "Topics[0]", "Topics[0].Partitions[0]"]
+
+
+def test_normalize_and_diff_ignore_volatile_fields():
+    a = {"ThrottleTimeMs": 5, "Topics": [{"ErrorCode": 0, "Offset": 1}]}
+    b = {"ThrottleTimeMs": 9, "Topics": [{"ErrorCode": 0, "Offset": 2}]}
+    volatile = diff_paths(normalize(a), normalize(b))
+    assert volatile == {("Topics", 0, "Offset")}
+    assert normalize(a, volatile) == normalize(b, volatile)
+    assert diff_paths({"x": [1, 2]}, {"x": [1]}) == {("x",)}
+
+
+def test_classify(codec):
+    from kinspect.codec import Response
+
+    cls = codec.response_codec(3).cls
+    hcls = codec.registry.header("ResponseHeader").cls
+
+    def frame(body):
+        return codec.encode_response(Response(3, 12, 1, 1, hcls(CorrelationId=1),
+                                              cls.from_dict(body), 0, "Metadata", 12))
+
+    ok = {"Topics": [{"Name": "t", "ErrorCode": 0}]}
+    base = normalize(codec.decode_response(frame(ok), 3, 12).body.to_dict())
+    assert classify(codec, 3, 12, "ok", frame(ok), None, base, set())[0] == "tolerated"
+    assert classify(codec, 3, 12, "ok", frame({"Topics": [{"Name": "t", "ErrorCode": 3}]}),
+                    None, base, set())[:2] == ("error", 3)
+    outcome, code, detail = classify(codec, 3, 12, "ok", frame({"Topics": [{"Name": "u"}]}),
+                                     None, base, set())
+    assert (outcome, code) == ("different", None) and "Topics[0].Name" in detail
+    assert classify(codec, 3, 12, "ok", b"\x00\x00\x00\x01\x00", None, base, set())[0] == \
+        "undecodable"
+    assert classify(codec, 3, 12, "disconnect", None, "closed", base, set()) == \
+        ("disconnect", None, "closed")
+
+
+# -- against Tansu ----------------------------------------------------------------------
+
+
+def test_matrix_against_tansu(tansu, tmp_path):
+    out = tmp_path / "matrix.json"
+    code = main(["tolerate", "--bootstrap", tansu.bootstrap, "--include-writes",
+                 "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["type"] == "tolerance-matrix"
+    assert report["truncated"] is None
+    assert any(n.startswith("created scratch topic") for n in report["notes"])
+    cells = report["cells"]
+    tested = {t["api"]: t["versions"] for t in report["tested"]}
+    # the broker's flexible versions of the safe apis and the writes are all there
+    for api in ("ApiVersions", "Metadata", "FindCoordinator", "ListOffsets", "OffsetFetch",
+                "Fetch", "Produce", "OffsetCommit"):
+        assert api in tested, api
+    advertised = {int(k): v for k, v in report["broker_apis"].items()}
+    assert tested["Metadata"] == [v for v in range(9, advertised[3][1] + 1)]
+
+    baselines = {(c["api"], c["version"]): c for c in cells if c["place"] == "baseline"}
+    assert set(baselines) == {(a, v) for a, vs in tested.items() for v in vs}
+    for (api, version), cell in baselines.items():
+        if api == "DescribeUserScramCredentials":
+            # finding: Tansu answers with a null Results array, which the spec forbids
+            assert cell["outcome"] == "undecodable" and "Results" in cell["detail"]
+        else:
+            assert cell["outcome"] == "tolerated", cell
+
+    variants = [c for c in cells if c["place"] != "baseline"]
+    assert {c["outcome"] for c in variants} <= set(OUTCOMES)
+    assert sum(report["summary"].values()) == len(variants)
+    # every (api, version) with a decodable baseline has header, top and nested places,
+    # each with three tag numbers and four payload sizes
+    meta12 = [c for c in variants if c["api"] == "Metadata" and c["version"] == 12]
+    assert {c["place"] for c in meta12} == {"header", "top", "Topics[0]"}
+    assert {c["tag_kind"] for c in meta12} == set(TAG_KINDS)
+    assert {c["payload"] for c in meta12} == {0, 1, 1024, 1 << 20}
+    assert len(meta12) == 3 * 3 * 4
+    produce = {c["place"] for c in variants if c["api"] == "Produce"}
+    assert produce == {"header", "top", "TopicData[0]", "TopicData[0].PartitionData[0]"}
+    tags = {(c["place"], c["tag_kind"]): c["tag"] for c in meta12}
+    assert tags[("top", "large")] == LARGE_TAG and tags[("top", "max")] == MAX_TAG
+    assert tags[("header", "above")] == 0  # the request header defines no tagged field
+    fetch_top = {c["tag"] for c in variants if c["api"] == "Fetch" and c["version"] == 12
+                 and c["place"] == "top" and c["tag_kind"] == "above"}
+    assert fetch_top == {1}  # FetchRequest v12 defines tag 0 (ClusterId)
+    # Tansu tolerates the small payloads everywhere and drops larger ones (finding below)
+    for c in variants:
+        if c["payload"] <= 1:
+            assert c["outcome"] == "tolerated", c
+        else:
+            assert c["outcome"] == "disconnect", c
+    rows = report["rows"]
+    assert any(r["api"] == "Metadata" and r["place"] == "Topics[0]" for r in rows)
+    assert all(len(r["cells"]["max"]) == 4 for r in rows)
+
+
+def test_tansu_drops_unknown_tags_over_128_bytes(tansu):
+    """Finding: Tansu 0.6 closes the connection when an unknown tagged field's data is
+    longer than 128 bytes, logging ``maximum tagged fields exceeded N``."""
+    cfg = MatrixConfig(parse_hostport(tansu.bootstrap), apis=("ApiVersions",),
+                       payload_sizes=(128, 129), tag_kinds=("large",))
+    report = run_matrix(cfg)
+    by_size = {}
+    for c in report.cells:
+        if c.place != "baseline":
+            by_size.setdefault(c.payload, set()).add(c.outcome)
+    assert by_size == {128: {"tolerated"}, 129: {"disconnect"}}
+    assert "maximum tagged fields exceeded 129" in tansu.log_text()
+
+
+def test_matrix_is_bounded(tansu):
+    cfg = MatrixConfig(parse_hostport(tansu.bootstrap), max_cells=10)
+    report = run_matrix(cfg)
+    assert len(report.cells) <= 10
+    assert "max-cells" in report.truncated
+
+
+def test_unreachable_broker_is_an_error(capsys):
+    code = main(["tolerate", "--bootstrap", f"127.0.0.1:{free_port()}", "--timeout", "1"])
+    assert code == 1
+    assert "cannot connect" in capsys.readouterr().err
+
+
+# -- against noida-db -------------------------------------------------------------------
+
+
+def test_noida_reads_tag_of_a_later_fetch_version(noida):
+    """Finding: noida-db disconnects a Fetch v12 request with top-level tag 1 (which is
+    ReplicaState only from v15) or partition-level tag 0 (ReplicaDirectoryId from v17),
+    and tolerates tag 10000 at the same places."""
+    cfg = MatrixConfig(parse_hostport(noida.bootstrap), apis=("Fetch",), payload_sizes=(0,),
+                       tag_kinds=("above", "large"))
+    report = run_matrix(cfg)
+    top12 = {c.tag: c.outcome for c in report.cells
+             if c.version == 12 and c.place == "top"}
+    assert top12 == {1: "disconnect", LARGE_TAG: "tolerated"}
+    part12 = {c.tag: c.outcome for c in report.cells
+              if c.version == 12 and c.place == "Topics[0].Partitions[0]"}
+    assert part12 == {0: "disconnect", LARGE_TAG: "tolerated"}
+    header12 = {c.outcome for c in report.cells if c.version == 12 and c.place == "header"}
+    assert header12 == {"tolerated"}
