@@ -44,8 +44,12 @@ size stay as they were and the frame still decodes:
 
 * SaslAuthenticate (api key 36) ``AuthBytes``, in requests and responses;
 * raw SASL tokens after SaslHandshake v0 (flow flag ``sasl``): the whole frame;
-* AlterUserScramCredentials (51) ``Salt``/``SaltedPassword``, CreateDelegationToken
-  (38) and DescribeDelegationToken (41) ``Hmac``.
+* AlterUserScramCredentials (51) ``Salt``/``SaltedPassword``; the delegation-token
+  ``Hmac`` of CreateDelegationToken (38), RenewDelegationToken (39),
+  ExpireDelegationToken (40) and DescribeDelegationToken (41);
+* config values whose names look secret (``*password*``, ``*secret*``, ``*jaas*``,
+  ``*credential*``, ``*token*``, ``*.key``) in CreateTopics (19), DescribeConfigs (32),
+  AlterConfigs (33) and IncrementalAlterConfigs (44).
 
 Fields are re-encoded with the codec. A frame that does not decode is redacted
 whole past its header (request: after api key, version and correlation id;
@@ -91,9 +95,18 @@ REDACTION_MARKER = b"<kinspect:redacted>"
 REDACTED_FIELDS: dict[int, frozenset[str]] = {
     36: frozenset({"AuthBytes"}),                   # SaslAuthenticate (KIP-152)
     38: frozenset({"Hmac"}),                        # CreateDelegationToken
+    39: frozenset({"Hmac"}),                        # RenewDelegationToken
+    40: frozenset({"Hmac"}),                        # ExpireDelegationToken
     41: frozenset({"Hmac"}),                        # DescribeDelegationToken
     51: frozenset({"Salt", "SaltedPassword"}),      # AlterUserScramCredentials (KIP-554)
 }
+
+#: APIs carrying config entries (a ``Name`` and a string ``Value`` side by side):
+#: CreateTopics, DescribeConfigs, AlterConfigs, IncrementalAlterConfigs.
+CONFIG_APIS = frozenset({19, 32, 33, 44})
+#: Config names whose values are redacted in those APIs (passwords, JAAS, keys...).
+SENSITIVE_CONFIG = re.compile(r"password|secret|jaas|credential|token|\.key$|keystore\.key",
+                              re.IGNORECASE)
 
 #: Where a capture file named without a directory goes.
 DEFAULT_DIR = Path("captures")
@@ -134,6 +147,10 @@ def _redact_struct(value: Any, names: frozenset[str]) -> int:
     spec = getattr(value, "_spec", None)
     if spec is None:
         return 0
+    if _sensitive_config(value):
+        v = value.Value
+        value.Value = redaction_marker(len(v.encode())).decode("ascii")
+        count += 1
     for f in spec.fields:
         v = getattr(value, f.name)
         if v is None:
@@ -145,6 +162,12 @@ def _redact_struct(value: Any, names: frozenset[str]) -> int:
             for item in (v if f.is_array else [v]):
                 count += _redact_struct(item, names)
     return count
+
+
+def _sensitive_config(value: Any) -> bool:
+    name, val = value.get("Name"), value.get("Value")
+    return (isinstance(name, str) and isinstance(val, str) and val != ""
+            and bool(SENSITIVE_CONFIG.search(name)))
 
 
 def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_version: int,
@@ -166,7 +189,9 @@ def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_v
         return redaction_marker(len(frame))
     names = REDACTED_FIELDS.get(api_key)
     if not names:
-        return None
+        if api_key not in CONFIG_APIS:
+            return None
+        names = frozenset()
     try:
         if direction == "req":
             msg = codec.decode_request(frame)

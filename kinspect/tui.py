@@ -2,7 +2,8 @@
 
 Both are pipeline addons (:mod:`kinspect.proxy.pipeline`): they receive each flow
 once it is complete and decoded. The live view redraws at ``refresh_per_second``
-whatever the traffic; flows only append to a bounded ring.
+whatever the traffic. It keeps rendered rows, not flows, so frames are not held
+in memory by the view.
 """
 
 from __future__ import annotations
@@ -10,14 +11,14 @@ from __future__ import annotations
 import sys
 import time
 from collections import deque
-from typing import Any, Callable, TextIO
+from typing import Any, TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from .filters import TopicIds
+from .filters import Filter, TopicIds
 from .flows import Flow
 from .show import COLUMNS, flow_row
 
@@ -75,17 +76,17 @@ class LiveView:
     Args:
         proxy: the :class:`~kinspect.proxy.server.Proxy` (for totals).
         console: rich console (default: stdout).
-        keep: flows kept for display.
-        match: optional predicate selecting flows to show (a filter).
+        keep: rows kept for display.
+        match: optional filter (:class:`kinspect.filters.Filter`) selecting flows.
     """
 
-    def __init__(self, proxy: Any, console: Console | None = None, keep: int = 2000,
-                 refresh_per_second: float = 4.0, match: Callable[[Flow], bool] | None = None,
+    def __init__(self, proxy: Any, console: Console | None = None, keep: int = 500,
+                 refresh_per_second: float = 4.0, match: Filter | None = None,
                  title: str = "kinspect"):
         self.proxy = proxy
         self.console = console or Console()
-        self.flows: deque[Flow] = deque(maxlen=keep)
-        self.rows: dict[int, dict[str, str]] = {}  # flow id -> rendered row (made once)
+        #: (rendered row, style) of the newest flows
+        self.rows: deque[tuple[dict[str, str], str | None]] = deque(maxlen=keep)
         self.topic_ids = TopicIds()
         self.match = match
         self.title = title
@@ -104,10 +105,8 @@ class LiveView:
         self._rate.add(now, 1)
         self._bytes.add(now, len(flow.request) + len(flow.response or b""))
         self.topic_ids.learn(flow)
-        if self.match is None or self.match(flow):
-            if len(self.flows) == self.flows.maxlen:
-                self.rows.pop(self.flows[0].id, None)
-            self.flows.append(flow)
+        if self.match is None or self.match.matches(flow, topic_ids=self.topic_ids):
+            self.rows.append((flow_row(flow, self.topic_ids), _style(flow)))
 
     def close(self) -> None:
         self._live.stop()
@@ -140,19 +139,8 @@ class LiveView:
         t = Table(expand=True, box=None, header_style="bold", pad_edge=False)
         for _key, header, justify in COLUMNS:
             t.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
-        for flow in list(self.flows)[-rows:] if rows > 0 else []:
-            row = self.rows.get(flow.id)
-            if row is None:  # rendered once, when first shown, off the forwarding path
-                row = self.rows[flow.id] = flow_row(flow, self.topic_ids)
-            cols = [row[k] for k, _, _ in COLUMNS]
-            style = None
-            if flow.flags & {"undecoded", "unpaired", "closed"}:
-                style = "yellow"
-            elif flow.error_code:
-                style = "red"
-            elif flow.flags & {"mutated", "rewritten"}:
-                style = "cyan"
-            t.add_row(*cols, style=style)
+        for row, style in list(self.rows)[-rows:] if rows > 0 else []:
+            t.add_row(*(row[k] for k, _, _ in COLUMNS), style=style)
         return t
 
     def __rich__(self) -> Group:
@@ -160,15 +148,25 @@ class LiveView:
         return Group(self.header(), self.table(max(height - 4, 3)))
 
 
+def _style(flow: Flow) -> str | None:
+    if flow.flags & {"undecoded", "unpaired", "closed"}:
+        return "yellow"
+    if flow.error_code:
+        return "red"
+    if flow.flags & {"mutated", "rewritten"}:
+        return "cyan"
+    return None
+
+
 class LinePrinter:
     """A pipeline addon printing one line per flow (for logs and CI)."""
 
-    def __init__(self, out: TextIO | None = None, match: Callable[[Flow], bool] | None = None):
+    def __init__(self, out: TextIO | None = None, match: Filter | None = None):
         self.out = out or sys.stdout
         self.match = match
         self.topic_ids = TopicIds()
 
     def on_flow(self, flow: Flow) -> None:
         self.topic_ids.learn(flow)
-        if self.match is None or self.match(flow):
+        if self.match is None or self.match.matches(flow, topic_ids=self.topic_ids):
             print(flow_line(flow, self.topic_ids), file=self.out, flush=True)

@@ -243,6 +243,13 @@ async def test_port_per_broker_for_multi_broker_responses(tansu):
                 assert all(len(ports) == 1 for ports in by_upstream.values()), by_upstream
                 assert len({next(iter(p)) for p in by_upstream.values()}) == len(by_upstream)
                 assert _strip_endpoints(c, flow, new) == _strip_endpoints(c, flow, frame_)
+            # error answers carry placeholder endpoints: left alone, no listener made
+            placeholder = struct_class(c.registry.response(10).struct)(
+                ErrorCode=15, NodeId=-1, Host="", Port=-1)
+            frame_ = _response_frame(c, 10, 2, placeholder)
+            before = set(proxy.listeners)
+            assert proxy.rewrite_response(10, 2, frame_)[0] is None
+            assert set(proxy.listeners) == before
             listener_a = proxy.listeners[(host_a, int(port_a))]
             listener_b = proxy.listeners[(host_b, int(port_b))]
             assert listener_a is proxy.bootstrap and listener_b.port != listener_a.port

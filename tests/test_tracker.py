@@ -96,3 +96,15 @@ def test_frame_header_fields_come_from_the_frame():
     assert struct.unpack_from(">hhi", frame) == (3, 12, 0x01020304)
     flow = tracker().request(frame, 1)
     assert (flow.api_key, flow.api_version, flow.correlation_id) == (3, 12, 0x01020304)
+
+
+def test_api_versions_error_35_decodes_as_v0_even_beyond_the_specs():
+    """GUIDE §2.5: a broker refuses an unknown ApiVersions version with a v0 body and
+    error 35, also when the client asked for a version the loaded specs lack."""
+    c = codec()
+    body = response_bytes(18, 0, 7, ErrorCode=35)
+    top = c.registry.response(18).valid_versions.highest
+    for asked in (3, top, top + 1, 99):
+        resp = c.decode_response(body, 18, asked)
+        assert resp.body.ErrorCode == 35 and resp.body_version == 0 and resp.header_version == 0
+        assert resp.correlation_id == 7

@@ -237,6 +237,14 @@ class Codec:
             frame = bytes(frame)
         name = self.registry.api_name(api_key)
         hv = self.response_header_version(api_key, api_version)
+        if hv is None and api_key == API_VERSIONS and self.registry.response(api_key) \
+                and len(frame) >= 6 and _H(frame, 4)[0] == UNSUPPORTED_VERSION:
+            # a version newer than the loaded specs, refused with a v0 body (KIP-511)
+            header, pos = self._resp_header.decode_from(frame, 0, 0)
+            body_ = self.registry.codec(self.registry.response(api_key)).decode(frame, 0, pos) \
+                if body else None
+            return Response(api_key, api_version, header.CorrelationId, 0, header, body_, pos,
+                            name, 0)
         if hv is None:
             spec = self.registry.response(api_key)
             reason = (f"no spec for api key {api_key}" if spec is None else

@@ -93,7 +93,7 @@ def _view(args: argparse.Namespace, proxy: Any, title: str):
     if args.filter:
         from ..filters import parse
 
-        match = parse(args.filter).matches
+        match = parse(args.filter)
     if args.no_tui or not sys.stdout.isatty():
         return LinePrinter(match=match)
     return LiveView(proxy, match=match, title=title)

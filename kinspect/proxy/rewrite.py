@@ -82,9 +82,10 @@ class AddressRewriter:
                 continue
             for st in _follow(body, path):
                 host, port = st.Host, st.Port
-                if host is None:
+                node = getattr(st, node_field)
+                if not _real_endpoint(node, host, port):
                     continue
-                new_host, new_port = mapper(getattr(st, node_field), host, port)
+                new_host, new_port = mapper(node, host, port)
                 if (new_host, new_port) != (host, port):
                     st.Host, st.Port = new_host, new_port
                     changed += 1
@@ -96,9 +97,15 @@ class AddressRewriter:
         for path, node_field in self.paths(api_key):
             if all(f.versions.contains(api_version) for f in path):
                 for st in _follow(body, path):
-                    if st.Host is not None:
+                    if _real_endpoint(getattr(st, node_field), st.Host, st.Port):
                         out.append((getattr(st, node_field), st.Host, st.Port))
         return out
+
+
+def _real_endpoint(node: int | None, host: str | None, port: int) -> bool:
+    """False for the placeholders of error answers (e.g. FindCoordinator's
+    COORDINATOR_NOT_AVAILABLE: NodeId -1, Host "", Port -1), which stay untouched."""
+    return bool(host) and 0 < port <= 65535 and (node is None or node >= 0)
 
 
 def _follow(obj: Struct, path: tuple[FieldSpec, ...]):
