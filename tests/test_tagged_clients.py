@@ -10,9 +10,13 @@ Findings (asserted per client; they fail the day a client changes):
 * kafka-python 3 and confluent-kafka (librdkafka 2.x) survive every injection,
   including tag 2^31-1 with 1 MiB of data at the top level and two tags in one
   section, and the stripping of known tagged fields.
-* aiokafka never sees a tag section: against Tansu it negotiates only
-  non-flexible versions (ApiVersions v0, Metadata v5, Fetch v11...), so every
-  rule matches and is counted as non-flexible; it survives trivially.
+* aiokafka 0.14's producer and consumer never see a tag section: they implement
+  only non-flexible versions (ApiVersions v0, Metadata v5, Fetch v11...), so every
+  rule on that traffic is counted as non-flexible. Its only flexible requests are
+  admin ones (ListPartitionReassignments v0, AlterPartitionReassignments v0,
+  DeleteRecords v2); through ListPartitionReassignments against Tansu it reads
+  unknown tags at the header, the top level and two nested levels, and keeps
+  them in its ``tags`` dicts.
 * kcat (Debian's, librdkafka 2.0.2) cannot read Tansu's ApiVersions v3 answer
   (tests/test_peers.py). Stripping the tagged fields of that answer fixes it, and
   two unknown tagged fields in an answer that had none break it again: its
@@ -28,6 +32,7 @@ from kinspect.codec import Codec
 from kinspect.flows import MUTATED, UNDECODED, UNPAIRED
 from kinspect.proxy.rules import RuleSet, parse_flag
 from kinspect.proxy.server import Proxy, ProxyConfig, parse_hostport
+from proxyutil import Recorder
 
 SCENARIOS = {
     "header": [
@@ -60,16 +65,6 @@ EXERCISED = {
     "confluent-kafka": {"header": [0, 1], "top": [0, 1], "nested": [0, 1, 2, 3, 4],
                         "strip-known": [0]},
 }
-
-
-class Recorder:
-    """Pipeline addon keeping every completed flow."""
-
-    def __init__(self):
-        self.flows = []
-
-    def on_flow(self, flow):
-        self.flows.append(flow)
 
 
 def ruleset(codec: Codec, flags: list[str]) -> RuleSet:
@@ -186,3 +181,52 @@ async def test_kcat_fails_on_two_unknown_tags(tansu):
     assert isinstance(result, ClientFailed)
     assert "ApiVersionRequest failed: Local: Read underflow" in result.output
     assert all(r.stats.applied > 0 for r in rules.rules)
+
+
+async def test_aiokafka_reads_unknown_tags_in_its_flexible_admin_api(tansu):
+    """aiokafka's one flexible api that Tansu answers, with unknown tags injected at
+    the response header, the top level, Topics[] and Topics[].Partitions[]."""
+    from aiokafka import AIOKafkaClient
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.protocol.admin import ListPartitionReassignmentsRequest
+
+    flags = ["inject ListPartitionReassignments:response:header:tag=10000:hex=0102",
+             "inject ListPartitionReassignments:response:top:tag=2147483647:size=1KiB",
+             "inject ListPartitionReassignments:response:Topics[]:tag=50:string=x",
+             "inject ListPartitionReassignments:response:Topics[].Partitions[]:tag=7:int32=7"]
+    codec = Codec()
+    proxy = Proxy(ProxyConfig(upstream=parse_hostport(tansu.bootstrap)), codec=codec)
+    recorder = Recorder()
+    proxy.pipeline.add(recorder)
+    rules = ruleset(codec, flags)
+    rules.install(proxy)
+    await proxy.start()
+    bootstrap = "{}:{}".format(*proxy.address)
+    try:
+        admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+        await admin.start()
+        try:
+            await admin.create_topics([NewTopic("reassign", 1, 1)])
+        finally:
+            await admin.close()
+        client = AIOKafkaClient(bootstrap_servers=bootstrap)
+        await client.bootstrap()
+        try:
+            node = next(iter(client.cluster.brokers())).nodeId
+            resp = await client.send(node, ListPartitionReassignmentsRequest(
+                timeout_ms=5000, topics=[("reassign", [0], {})], tags={}))
+        finally:
+            await client.close()
+        await proxy.pipeline.drained()
+    finally:
+        await proxy.close()
+    assert resp.error_code == 0
+    # aiokafka skipped nothing it should not have: every level parsed, tags kept
+    assert set(resp.tags) == {2147483647} and len(resp.tags[2147483647]) == 1024
+    [(name, partitions, topic_tags)] = resp.topics
+    assert name == "reassign" and topic_tags == {50: b"\x02x"}
+    [(index, replicas, adding, removing, part_tags)] = partitions
+    assert index == 0 and part_tags == {7: b"\x00\x00\x00\x07"}
+    assert all(r.stats.applied == 1 for r in rules.rules), rules.stats()
+    mutated = [f for f in recorder.flows if MUTATED in f.flags]
+    assert [f.api_name for f in mutated] == ["ListPartitionReassignments"]
