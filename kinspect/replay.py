@@ -597,6 +597,7 @@ def expects_response(flow: Flow) -> bool:
 # ---------------------------------------------------------------------------
 
 MATCHED, DIFFERING, FAILED, SKIPPED = "matched", "differing", "failed", "skipped"
+SASL_AUTHENTICATE = 36
 _GROUP_APIS = {"JoinGroup", "SyncGroup", "Heartbeat", "LeaveGroup", "ConsumerGroupHeartbeat"}
 _WRITE_APIS = {"Produce", "CreateTopics", "DeleteTopics", "CreatePartitions", "DeleteRecords",
                "OffsetCommit", "TxnOffsetCommit", "InitProducerId", "AddPartitionsToTxn",
@@ -777,6 +778,10 @@ class Replayer:
                 continue
             if select is not None and not select(f):
                 r.explanation = "not selected by the filter"
+                continue
+            if "redacted" in f.flags and f.api_key == SASL_AUTHENTICATE:
+                r.explanation = ("its credentials were redacted in the capture: not replayed "
+                                 "(record with --capture-secrets to replay authentication)")
                 continue
             self.selected.append(f)
         self._done: dict[int, asyncio.Event] = {}

@@ -514,6 +514,8 @@ class CaptureBroker:
             return _SIZE.pack(req.correlation_id) + raw[4:]
         resp.correlation_id = req.correlation_id
         resp.header.CorrelationId = req.correlation_id
+        if flow.api_key == API_VERSIONS and resp.body.get("ErrorCode") == 0:
+            self._narrow_api_versions(resp.body)
         try:
             self.rewriter.rewrite(flow.api_key, flow.api_version, resp.body, self._map)
             return self.codec.encode_response(resp)
@@ -534,6 +536,7 @@ class CaptureBroker:
                 break
         if body is None:
             return None
+        self._narrow_api_versions(body)
         spec = self.codec.registry.response(API_VERSIONS)
         version = req.api_version
         if not spec.valid_versions.contains(version):
@@ -554,6 +557,21 @@ class CaptureBroker:
             except EncodeError as e:
                 log.warning("cannot encode ApiVersions v%d: %s", version, e)
                 return None
+
+    def _narrow_api_versions(self, body: Any) -> None:
+        """Advertise only what the recording can answer: each api's version range
+        narrowed to the versions recorded, apis never recorded left out (ApiVersions
+        itself stays), so a client negotiates versions that have answers."""
+        recorded = self.index.versions
+        keep = []
+        for entry in body.ApiKeys or []:
+            versions = recorded.get(entry.ApiKey)
+            if entry.ApiKey == API_VERSIONS:
+                keep.append(entry)
+            elif versions:
+                entry.MinVersion, entry.MaxVersion = min(versions), max(versions)
+                keep.append(entry)
+        body.ApiKeys = keep
 
     def _unmatched(self, conn: int, req: Request, entry: dict[str, Any],
                    needs_response: bool) -> bytes | None:

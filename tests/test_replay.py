@@ -263,3 +263,28 @@ def test_diff_ignores_volatile_fields_and_reports_others(recorded):
     assert rules.match("Metadata", "Topics.Partitions.ErrorCode") is not None
     assert IgnoreRules(["Fetch:HighWatermark"]).match("Metadata", "HighWatermark") is None
     assert IgnoreRules(["offsets"]).match("Fetch", "Responses.Partitions.HighWatermark")
+
+
+def test_redacted_authentication_is_skipped_with_a_reason(tmp_path, free_port):
+    """A capture made without --capture-secrets holds markers, not credentials:
+    replay must not send them as if they were."""
+    from kinspect.capture import CaptureWriter
+    from kinspect.codec.protocol import Response
+    from kinspect.flows import Flow
+
+    c = codec()
+    req = request_bytes(36, 2, 7, AuthBytes=b"\x00alice\x00secret")
+    cls = c.response_codec(36).cls
+    resp = c.encode_response(Response(36, 2, 7, 1, None, cls(ErrorCode=0, AuthBytes=b""), 0, "",
+                                      2))
+    flow = Flow(1, 1, "127.0.0.1:5", "127.0.0.1:9092", 36, 2, 7, "SaslAuthenticate", req, 1)
+    flow.response, flow.response_ns = resp, 2
+    path = tmp_path / "auth.jsonl"
+    w = CaptureWriter(path, c, upstream="127.0.0.1:9092")
+    w.on_request(flow)
+    w.on_flow(flow)
+    w.close()
+    report = asyncio.run(Replayer(c, load_flows(path, c), ("127.0.0.1", free_port), speed=None,
+                                  timeout=2, connect_timeout=2).run())
+    [r] = report.results
+    assert r.status == "skipped" and "redacted" in r.explanation
