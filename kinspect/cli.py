@@ -46,6 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     except KinspectError as e:
         print(f"kinspect: error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # e.g. a listen port in use, a file that cannot be read
+        print(f"kinspect: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
 

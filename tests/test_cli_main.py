@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import subprocess
 import sys
+
+import pytest
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -22,7 +25,12 @@ def test_demo_runs_real_flows_and_stops_everything():
             "Fetch"} <= apis, proc.stdout
     assert "produced=3, consumed=3, rounds=1" in proc.stderr
     assert not any("undecoded" in line for line in lines), proc.stdout
-    assert "broker stopped" in proc.stderr
+    # everything it started is gone: neither the proxy nor the broker accepts connections
+    m = re.search(r"listening on ([\d.]+):(\d+), forwarding to ([\d.]+):(\d+)", proc.stderr)
+    assert m, proc.stderr
+    for host, port in ((m.group(1), m.group(2)), (m.group(3), m.group(4))):
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((host, int(port)), timeout=2).close()
 
 
 def test_specs_lists_apis_with_sources():

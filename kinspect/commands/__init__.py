@@ -21,3 +21,13 @@ def make_codec(args: argparse.Namespace):
     from ..codec import Codec, SpecRegistry
 
     return Codec(SpecRegistry.load(args.specs))
+
+
+def hostport(text: str) -> tuple[str, int]:
+    """argparse type for ``HOST:PORT`` (``[::1]:PORT`` for IPv6)."""
+    from ..proxy.server import parse_hostport
+
+    try:
+        return parse_hostport(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -10,7 +10,7 @@ import sys
 import threading
 from typing import Any
 
-from . import add_spec_options, make_codec
+from . import add_spec_options, hostport, make_codec
 
 log = logging.getLogger("kinspect")
 
@@ -46,9 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("proxy", help="run the proxy between Kafka clients and a broker",
                        description="Forward Kafka traffic between clients and brokers, "
                                    "decode every request and response, show them live.")
-    p.add_argument("--upstream", required=True, metavar="HOST:PORT",
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT", type=hostport,
                    help="bootstrap broker to forward to")
-    p.add_argument("--listen", default="127.0.0.1:19092", metavar="HOST:PORT",
+    p.add_argument("--listen", default=("127.0.0.1", 19092), metavar="HOST:PORT", type=hostport,
                    help="where clients connect (default 127.0.0.1:19092); further brokers "
                         "get the following ports (port-per-broker)")
     _add_view_options(p)
@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "storage, free loopback port), the proxy in front of it and "
                                    "a kafka-python workload (create a topic, produce, consume "
                                    "in a group) through it. Stops everything on exit.")
-    d.add_argument("--listen", default="127.0.0.1:0", metavar="HOST:PORT",
+    d.add_argument("--listen", default=("127.0.0.1", 0), metavar="HOST:PORT", type=hostport,
                    help="proxy listen address (default: a free loopback port)")
     d.add_argument("--duration", type=float, default=None, metavar="SECONDS",
                    help="stop after this long (default: run until Ctrl-C)")
@@ -141,11 +141,10 @@ def _install_signals(stop: asyncio.Event) -> None:
 
 
 def run_proxy(args: argparse.Namespace) -> int:
-    from ..proxy.server import install_uvloop, parse_hostport
+    from ..proxy.server import install_uvloop
 
     install_uvloop()
-    upstream = parse_hostport(args.upstream)
-    listen = parse_hostport(args.listen)
+    upstream, listen = args.upstream, args.listen
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -159,11 +158,11 @@ def run_proxy(args: argparse.Namespace) -> int:
 
 def run_demo(args: argparse.Namespace) -> int:
     from ..brokers import TansuBroker
-    from ..proxy.server import install_uvloop, parse_hostport
+    from ..proxy.server import install_uvloop
     from ..workload import run_forever, run_workload
 
     install_uvloop()
-    listen = parse_hostport(args.listen)
+    listen = args.listen
     print("kinspect demo: starting a Tansu broker (memory storage) on a free loopback port…",
           file=sys.stderr, flush=True)
     with TansuBroker() as broker:

@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, make_codec
+from . import add_spec_options, hostport, make_codec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                       "responses with the recorded ones",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("capture", metavar="CAPTURE", help="capture file (.jsonl or .jsonl.gz)")
-    p.add_argument("--upstream", required=True, metavar="HOST:PORT",
+    p.add_argument("--upstream", required=True, metavar="HOST:PORT", type=hostport,
                    help="the broker every recorded connection is replayed against")
     p.add_argument("--filter", "-f", metavar="EXPR",
                    help="replay only the flows matching this filter (see kinspect.filters), "
@@ -60,14 +60,9 @@ def run(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..filters import TopicIds, parse
-    from ..proxy.server import parse_hostport
     from ..replay import DEFAULT_IGNORE, Replayer, load_flows, run_with_uvloop
 
-    try:
-        upstream = parse_hostport(args.upstream)
-    except ValueError as e:
-        print(f"kinspect replay: --upstream: {e}", file=sys.stderr)
-        return 2
+    upstream = args.upstream
     if not args.as_fast_as_possible and args.speed <= 0:
         print("kinspect replay: --speed must be positive", file=sys.stderr)
         return 2

@@ -20,16 +20,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 
-from . import add_spec_options, make_codec
+from . import add_spec_options, hostport, make_codec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="act as a broker answering from a capture file",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("capture", metavar="CAPTURE", help="capture file (.jsonl or .jsonl.gz)")
-    p.add_argument("--listen", default="127.0.0.1:9092", metavar="HOST:PORT",
+    p.add_argument("--listen", default=("127.0.0.1", 9092), metavar="HOST:PORT", type=hostport,
                    help="address to listen on (default 127.0.0.1:9092; port 0 = any free port)")
     p.add_argument("--advertise-host", metavar="HOST",
                    help="host written into broker addresses (default: the listen host)")
@@ -42,15 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from ..proxy.server import parse_hostport
     from ..replay import DEFAULT_IGNORE, load_flows, run_with_uvloop
     from ..serve import CaptureBroker
 
-    try:
-        listen = parse_hostport(args.listen)
-    except ValueError as e:
-        print(f"kinspect serve: --listen: {e}", file=sys.stderr)
-        return 2
+    listen = args.listen
     codec = make_codec(args)
     flows = load_flows(args.capture, codec)
     console = Console(stderr=True)

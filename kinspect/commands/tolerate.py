@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options
+from . import add_spec_options, hostport
 
 EPILOG = """\
 Each cell sends one request, on a fresh connection, with one unknown tagged field
@@ -42,7 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Send baseline requests and variants with unknown tagged fields "
                     "injected (KIP-482) to a broker, and classify each answer.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bootstrap", required=True, metavar="HOST:PORT", help="the broker")
+    p.add_argument("--bootstrap", required=True, metavar="HOST:PORT", type=hostport,
+                   help="the broker")
     p.add_argument("--include-writes", action="store_true",
                    help="create a scratch topic and add Produce, OffsetCommit and "
                         "InitProducerId (they write to the scratch topic and group)")
@@ -71,14 +72,10 @@ def run(args: argparse.Namespace) -> int:
 
     from ..codec.errors import KinspectError
     from ..proxy.rules import parse_size
-    from ..proxy.server import parse_hostport
     from ..tolerate import TAG_KINDS, MatrixConfig, run_matrix
     from . import make_codec
 
-    try:
-        bootstrap = parse_hostport(args.bootstrap)
-    except ValueError as e:
-        raise KinspectError(f"--bootstrap: {e}") from None
+    bootstrap = args.bootstrap
     sizes = tuple(parse_size(x) for x in args.payloads.split(",") if x.strip())
     kinds = tuple(x.strip() for x in args.tags.split(",") if x.strip())
     bad = [k for k in kinds if k not in TAG_KINDS]

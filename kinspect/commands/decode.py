@@ -1,0 +1,494 @@
+"""``kinspect decode`` / ``kinspect encode``: one frame (or a JSON Lines batch) to
+readable JSON and back to the identical bytes.
+
+Single frame::
+
+    kinspect decode frame.bin                       # raw bytes (size prefix optional)
+    kinspect decode --hex < frame.hex --format tree
+    kinspect decode --base64 resp.b64 --api-key Metadata --api-version 12
+    kinspect decode resp.bin --request req.bin      # type a response by its request
+    kinspect decode frame.bin | kinspect encode > same.bin
+
+Batch (logs, captures)::
+
+    kinspect decode --jsonl capture.jsonl > decoded.jsonl
+    kinspect encode --jsonl decoded.jsonl > capture-again.jsonl
+
+Input lines are ``{"conn": ..., "dir": "req"|"resp", "frame": "<base64, no size
+prefix>", ...}``; capture files (kinspect's capture format, ``.jsonl`` or
+``.jsonl.gz``) are a superset and work as they are. A response is typed by the
+request with its correlation id on the same ``conn`` (or by the line's own
+``api_key``/``api_version``). Each output line keeps every input key in place and
+puts ``"decoded"`` where ``"frame"`` was; ``kinspect encode --jsonl`` puts the
+re-encoded ``"frame"`` back, so decode then encode reproduces the input lines. A
+frame that fails to decode keeps its ``"frame"`` and gains an ``"error"`` object
+(DecodeError's ``error``, ``offset``, ``expected``, ``path``, ``api``, ``version``);
+the run goes on. Lines without a frame (capture session/conn lines) pass through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import collections
+import gzip
+import io
+import json
+import struct
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+from . import add_spec_options, make_codec
+
+_SIZE = struct.Struct(">i")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    d = sub.add_parser("decode", help="decode one frame (or a JSONL batch) to JSON or a tree",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_spec_options(d)
+    _input_options(d)
+    d.add_argument("--format", choices=("json", "tree"), default="json",
+                   help="output format for a single frame (default json)")
+    d.add_argument("--api-key", metavar="KEY",
+                   help="decode a response of this api (number or name, e.g. Metadata)")
+    d.add_argument("--api-version", type=int, metavar="N",
+                   help="the api version of the request the response answers")
+    d.add_argument("--request", metavar="FILE",
+                   help="the request frame a response answers (read like the input)")
+    d.add_argument("--response", action="store_true",
+                   help="the frame is a response (implied by --api-key or --request)")
+    d.set_defaults(func=run_decode)
+
+    e = sub.add_parser("encode", help="encode decoded JSON (or a decoded JSONL batch) back "
+                                      "to frame bytes")
+    add_spec_options(e)
+    e.add_argument("file", nargs="?", default="-",
+                   help="JSON from 'kinspect decode' (default: stdin)")
+    e.add_argument("--jsonl", metavar="FILE",
+                   help="batch: decoded JSON Lines in, the same lines with 'frame' out")
+    fmt = e.add_mutually_exclusive_group()
+    fmt.add_argument("--hex", action="store_true", help="write hex text")
+    fmt.add_argument("--base64", action="store_true", help="write base64 text")
+    e.add_argument("--size-prefix", action="store_true",
+                   help="prepend the 4-byte size prefix of the wire")
+    e.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
+    e.set_defaults(func=run_encode)
+
+
+def _input_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", nargs="?", default="-", help="frame file (default: stdin)")
+    p.add_argument("--jsonl", metavar="FILE",
+                   help="batch: one frame per JSON line (capture files work as they are)")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--hex", action="store_true", help="input is hex text")
+    fmt.add_argument("--base64", action="store_true", help="input is base64 text")
+    p.add_argument("--size-prefix", choices=("auto", "yes", "no"), default="auto",
+                   help="whether the input starts with the 4-byte size prefix "
+                        "(auto: when it equals the length of the rest)")
+    p.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
+
+
+# ---------------------------------------------------------------------------
+# reading frames
+
+
+class InputError(ValueError):
+    """Input that is not a frame in the announced encoding."""
+
+
+def read_frame(path: str, args: argparse.Namespace) -> bytes:
+    """The frame in ``path`` (``-`` = stdin) as bytes, without the size prefix.
+
+    Raises:
+        InputError: bad hex/base64 text, or a size prefix that does not match.
+    """
+    if path == "-":
+        data = sys.stdin.buffer.read()
+    else:
+        with open(path, "rb") as fh:
+            data = fh.read()
+    if args.hex or args.base64:
+        text = data.decode("ascii", errors="replace")
+        try:
+            if args.hex:
+                cleaned = "".join(text.split()).replace(":", "")
+                if cleaned.lower().startswith("0x"):
+                    cleaned = cleaned[2:]
+                data = bytes.fromhex(cleaned)
+            else:
+                data = base64.b64decode("".join(text.split()), validate=True)
+        except (ValueError, binascii.Error) as e:
+            raise InputError(f"{path}: not valid {'hex' if args.hex else 'base64'}: {e}") from None
+    return strip_size_prefix(data, args.size_prefix)
+
+
+def strip_size_prefix(data: bytes, mode: str) -> bytes:
+    has = len(data) >= 4 and _SIZE.unpack_from(data)[0] == len(data) - 4
+    if mode == "yes":
+        if not has:
+            got = _SIZE.unpack_from(data)[0] if len(data) >= 4 else None
+            raise InputError(f"size prefix {got} does not match the {max(len(data) - 4, 0)} "
+                             f"bytes that follow")
+        return data[4:]
+    if mode == "auto" and has:
+        return data[4:]
+    return data
+
+
+# ---------------------------------------------------------------------------
+# frames <-> dicts
+
+
+def message_to_dict(msg: Any) -> dict[str, Any]:
+    """A decoded Request/Response as JSON-able dict (``type``, ``api``, ``api_key``,
+    ``api_version``, ``correlation_id``, ``header_version``, ``header``, ``body``
+    and, for a response decoded at another version, ``body_version``)."""
+    from ..codec import Request
+
+    d = {"type": "request" if isinstance(msg, Request) else "response"}
+    d.update(msg.to_dict())
+    d["correlation_id"] = msg.correlation_id
+    order = ["type", "api", "api_key", "api_version", "correlation_id", "header_version",
+             "body_version", "header", "body"]
+    return {k: d[k] for k in order if k in d}
+
+
+def message_from_dict(codec: Any, d: dict[str, Any]) -> Any:
+    """Rebuild a Request/Response from :func:`message_to_dict`'s shape.
+
+    Raises:
+        EncodeError: missing keys, unknown api key, or values of the wrong shape.
+    """
+    from ..codec import EncodeError, Request, Response
+
+    if not isinstance(d, dict):
+        raise EncodeError(f"expected a JSON object, got {type(d).__name__}")
+    try:
+        kind = d.get("type") or ("request" if "client_id" in d else None)
+        api_key = int(d["api_key"])
+        api_version = int(d["api_version"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise EncodeError(f"missing or bad api_key/api_version: {e}") from None
+    if kind not in ("request", "response"):
+        raise EncodeError(f"'type' must be 'request' or 'response', got {kind!r}")
+    name = codec.api_name(api_key)
+    if kind == "request":
+        spec = codec.registry.request(api_key)
+        hv = d.get("header_version")
+        if hv is None:
+            hv = codec.request_header_version(api_key, api_version)
+        hcodec = codec.registry.header("RequestHeader")
+    else:
+        spec = codec.registry.response(api_key)
+        hv = d.get("header_version")
+        if hv is None:
+            hv = codec.response_header_version(api_key, api_version)
+        hcodec = codec.registry.header("ResponseHeader")
+    if spec is None or hv is None:
+        raise EncodeError(f"no spec for {kind} api key {api_key} version {api_version}")
+    header = hcodec.cls.from_dict(d["header"]) if d.get("header") is not None else None
+    body = codec.registry.codec(spec).cls.from_dict(d.get("body") or {})
+    corr = d.get("correlation_id")
+    if header is not None:
+        corr = header.CorrelationId
+    if corr is None:
+        raise EncodeError("missing correlation_id (or header)")
+    if kind == "request":
+        client_id = header.ClientId if header is not None and hv >= 1 else d.get("client_id")
+        return Request(api_key, api_version, corr, client_id, hv, header, body, 0, name)
+    return Response(api_key, api_version, corr, hv, header, body, 0, name,
+                    int(d.get("body_version", api_version)))
+
+
+def encode_message(codec: Any, msg: Any) -> bytes:
+    from ..codec import Request
+
+    return codec.encode_request(msg) if isinstance(msg, Request) else codec.encode_response(msg)
+
+
+# ---------------------------------------------------------------------------
+# tree output
+
+
+def _tree(msg: Any):
+    from rich.tree import Tree
+
+    kind = "Request" if msg.__class__.__name__ == "Request" else "Response"
+    root = Tree(f"[bold]{kind}[/] {msg.api_name} v{msg.api_version} "
+                f"(api key {msg.api_key}, correlation id {msg.correlation_id})")
+    if msg.header is not None:
+        _struct_tree(root.add(f"header v{msg.header_version}"), msg.header)
+    if msg.body is not None:
+        bv = getattr(msg, "body_version", msg.api_version)
+        _struct_tree(root.add("body" + (f" (decoded as v{bv})" if bv != msg.api_version else "")),
+                     msg.body)
+    return root
+
+
+def _leaf(f: Any, v: Any) -> str:
+    from rich.markup import escape
+
+    if v is None:
+        return "null"
+    t = f.element_type
+    if t in ("bytes", "records"):
+        raw = bytes(v)
+        more = f" … ({len(raw)} bytes)" if len(raw) > 32 else f" ({len(raw)} bytes)"
+        return raw[:32].hex(" ") + more if raw else "(empty)"
+    if t == "uuid":
+        from ..codec.spec import uuid_to_text
+
+        return uuid_to_text(v)
+    return escape(repr(v))
+
+
+def _struct_tree(node: Any, s: Any) -> None:
+    for f in s._spec.fields:
+        v = getattr(s, f.name)
+        if f.struct is not None and v is not None:
+            if f.is_array:
+                child = node.add(f"{f.name} [{len(v)}]")
+                for i, x in enumerate(v):
+                    _struct_tree(child.add(f"[{i}]"), x)
+            else:
+                _struct_tree(node.add(f.name), v)
+        elif f.is_array and v is not None:
+            node.add(f"{f.name} = [{', '.join(_leaf(f, x) for x in v)}]")
+        else:
+            node.add(f"{f.name} = {_leaf(f, v)}")
+    for tag, raw in (s._unknown or {}).items():
+        node.add(f"[yellow]unknown tag {tag}[/] = {bytes(raw).hex(' ') or '(empty)'}")
+
+
+# ---------------------------------------------------------------------------
+# decode
+
+
+def _open_out(path: str, binary: bool = False):
+    if path == "-":
+        return sys.stdout.buffer if binary else sys.stdout
+    return open(path, "wb" if binary else "w", encoding=None if binary else "utf-8")
+
+
+def _error_text(e: Exception) -> str:
+    from ..codec import DecodeError
+
+    if isinstance(e, DecodeError):
+        where = []
+        if e.path:
+            where.append(f"path {e.path}")
+        if e.offset is not None:
+            where.append(f"offset {e.offset}")
+        return f"decode error: {e}" + (f" [{', '.join(where)}]" if where else "")
+    return f"{type(e).__name__}: {e}"
+
+
+def run_decode(args: argparse.Namespace) -> int:
+    from ..codec import DecodeError
+
+    codec = make_codec(args)
+    if args.jsonl:
+        return _decode_jsonl(codec, args)
+    try:
+        frame = read_frame(args.file, args)
+        response = args.response or args.api_key is not None or args.request is not None
+        if response:
+            api_key, api_version = _response_type(codec, args)
+            msg = codec.decode_response(frame, api_key, api_version)
+        else:
+            msg = codec.decode_request(frame)
+    except (DecodeError, InputError, OSError) as e:
+        print(f"kinspect: {_error_text(e)}", file=sys.stderr)
+        return 1
+    out = _open_out(args.output)
+    try:
+        if args.format == "tree":
+            from rich.console import Console
+
+            Console(file=out, width=120, soft_wrap=True).print(_tree(msg))
+        else:
+            out.write(json.dumps(message_to_dict(msg), indent=2) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+    return 0
+
+
+def _response_type(codec: Any, args: argparse.Namespace) -> tuple[int, int]:
+    from ..codec import DecodeError
+
+    if args.request is not None:
+        req = codec.decode_request(read_frame(args.request, args), body=False)
+        return req.api_key, req.api_version
+    if args.api_key is None or args.api_version is None:
+        raise InputError("a response needs --api-key and --api-version, or --request FILE")
+    try:
+        key = codec.registry.api_key(args.api_key)
+    except KeyError:
+        raise DecodeError(f"unknown api {args.api_key!r}") from None
+    return key, args.api_version
+
+
+def _lines(path: str) -> Iterator[str]:
+    if path == "-":
+        yield from sys.stdin
+        return
+    with open(path, "rb") as fh:
+        magic = fh.read(2)
+        fh.seek(0)
+        stream = gzip.open(fh, "rt", encoding="utf-8") if magic == b"\x1f\x8b" else \
+            io.TextIOWrapper(fh, encoding="utf-8")
+        yield from stream
+
+
+def _replace_key(d: dict, old: str, new: str, value: Any) -> dict:
+    """``d`` with key ``old`` replaced by ``new`` at the same position."""
+    return {(new if k == old else k): (value if k == old else v) for k, v in d.items()}
+
+
+def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
+    from ..codec import DecodeError
+
+    pending: dict[Any, dict[int, collections.deque]] = collections.defaultdict(dict)
+    out = _open_out(args.output)
+    n = errors = 0
+    try:
+        for lineno, line in enumerate(_lines(args.jsonl), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                errors += 1
+                out.write(json.dumps({"line": lineno, "error": {"error": f"not JSON: {e}"}}) + "\n")
+                continue
+            if not isinstance(rec, dict) or "frame" not in rec:
+                out.write(json.dumps(rec) + "\n")  # session/conn lines and the like
+                continue
+            n += 1
+            try:
+                frame = base64.b64decode(rec["frame"], validate=True)
+                decoded = _decode_line(codec, rec, frame, pending)
+            except (DecodeError, InputError, ValueError, binascii.Error) as e:
+                errors += 1
+                err = e.to_dict() if isinstance(e, DecodeError) else {"error": str(e)}
+                out.write(json.dumps({**rec, "error": err}) + "\n")
+                continue
+            out.write(json.dumps(_replace_key(rec, "frame", "decoded", decoded)) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        else:
+            out.flush()
+    print(f"kinspect decode: {n} frames, {errors} errors", file=sys.stderr)
+    return 0
+
+
+def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
+    from ..codec import DecodeError
+
+    conn = json.dumps(rec.get("conn"))  # any JSON value identifies a connection
+    direction = rec.get("dir")
+    if direction == "req":
+        msg = codec.decode_request(frame)
+        pending[conn].setdefault(msg.correlation_id, collections.deque()).append(
+            (msg.api_key, msg.api_version))
+        return message_to_dict(msg)
+    if direction != "resp":
+        raise InputError(f"'dir' must be 'req' or 'resp', got {direction!r}")
+    corr = codec.response_correlation_id(frame)
+    queue = pending[conn].get(corr)
+    if queue:
+        api_key, api_version = queue.popleft()
+        if not queue:
+            del pending[conn][corr]
+    elif isinstance(rec.get("api_key"), int) and rec["api_key"] >= 0 and \
+            isinstance(rec.get("api_version"), int):
+        api_key, api_version = rec["api_key"], rec["api_version"]
+    else:
+        raise DecodeError(f"no request with correlation id {corr} on conn {rec.get('conn')!r} "
+                          f"to type this response", offset=0, expected="a paired request")
+    return message_to_dict(codec.decode_response(frame, api_key, api_version))
+
+
+# ---------------------------------------------------------------------------
+# encode
+
+
+def run_encode(args: argparse.Namespace) -> int:
+    from ..codec import EncodeError
+
+    codec = make_codec(args)
+    if args.jsonl:
+        return _encode_jsonl(codec, args)
+    try:
+        if args.file == "-":
+            doc = json.load(sys.stdin)
+        else:
+            with open(args.file, encoding="utf-8") as fh:
+                doc = json.load(fh)
+        frame = encode_message(codec, message_from_dict(codec, doc))
+    except (EncodeError, ValueError, OSError) as e:
+        print(f"kinspect: encode error: {e}", file=sys.stderr)
+        return 1
+    if args.size_prefix:
+        frame = _SIZE.pack(len(frame)) + frame
+    if args.hex or args.base64:
+        text = frame.hex() if args.hex else base64.b64encode(frame).decode("ascii")
+        out = _open_out(args.output)
+        out.write(text + "\n")
+        if out is not sys.stdout:
+            out.close()
+    else:
+        out = _open_out(args.output, binary=True)
+        out.write(frame)
+        if out is not sys.stdout.buffer:
+            out.close()
+        else:
+            out.flush()
+    return 0
+
+
+def _encode_jsonl(codec: Any, args: argparse.Namespace) -> int:
+    from ..codec import EncodeError
+
+    out = _open_out(args.output)
+    n = errors = 0
+    try:
+        for lineno, line in enumerate(_lines(args.jsonl), 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError as e:
+                errors += 1
+                out.write(json.dumps({"line": lineno, "error": {"error": f"not JSON: {e}"}}) + "\n")
+                continue
+            if not isinstance(rec, dict):
+                out.write(json.dumps(rec) + "\n")
+                continue
+            if "decoded" not in rec:
+                if "frame" in rec and "error" in rec:  # a frame that did not decode: as it was
+                    rec = {k: v for k, v in rec.items() if k != "error"}
+                out.write(json.dumps(rec) + "\n")
+                continue
+            n += 1
+            try:
+                frame = encode_message(codec, message_from_dict(codec, rec["decoded"]))
+            except (EncodeError, ValueError, TypeError) as e:
+                errors += 1
+                out.write(json.dumps({**rec, "error": {"error": str(e),
+                                                       "path": getattr(e, "path", None)}}) + "\n")
+                continue
+            out.write(json.dumps(_replace_key(rec, "decoded", "frame",
+                                              base64.b64encode(frame).decode("ascii"))) + "\n")
+    finally:
+        if out is not sys.stdout:
+            out.close()
+        else:
+            out.flush()
+    print(f"kinspect encode: {n} frames, {errors} errors", file=sys.stderr)
+    return 0
