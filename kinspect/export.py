@@ -240,6 +240,9 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
             events.append((t1, tcp.packet("b", _FIN | _ACK)))
             events.append((t1, tcp.packet("c", _ACK)))
     stats.packets = len(events)
+    # time order across connections (a FIN at close time may follow later frames of
+    # other connections); stable, so each connection keeps its own packet order
+    events.sort(key=lambda e: e[0])
     if isinstance(out, (str, os.PathLike)):
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         with open(out, "wb") as fh:

@@ -75,6 +75,8 @@ def test_checksums_are_valid_and_tcp_streams_are_clean(cap, tmp_path):
                   extra=("-o", "tcp.check_checksum:TRUE", "-o", "ip.check_checksum:TRUE"))
     assert len(rows) == stats.packets
     assert {tuple(r) for r in rows} == {("1", "1")}  # 1 = good
+    stamps = [float(r[0]) for r in tshark(out, port, "frame.time_epoch", display="tcp")]
+    assert stamps == sorted(stamps), "packets are not in time order"
     assert tshark(out, port, "frame.number", display="tcp.analysis.flags && "
                   "!tcp.analysis.window_update") == []
     # every connection opens with a handshake and (closed by the client) finishes
