@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from . import __version__
+from .units import parse_size
 from .codec import Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
 from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
@@ -487,10 +488,10 @@ class CaptureWriter:
 # ---------------------------------------------------------------------------
 
 def _size(text: str) -> int:
-    m = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]?)i?[bB]?\s*", text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"expected a size like 1000000, 64M or 1G, got {text!r}")
-    n = int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2).lower()]
+    try:
+        n = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     if n <= 0:
         raise argparse.ArgumentTypeError("size must be positive")
     return n

@@ -47,6 +47,7 @@ from .codec.records import decode_records
 from .codec.spec import FieldSpec, uuid_to_text
 from .codec.values import Struct
 from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
+from .show import error_name as _show_error_name
 
 log = logging.getLogger("kinspect.replay")
 
@@ -109,19 +110,11 @@ PRODUCE = 0
 
 
 def error_name(code: int | None) -> str:
-    """``"UNKNOWN_MEMBER_ID(25)"`` for a Kafka error code (names from kafka-python's
-    error table; ``"ERROR(n)"`` when it has none)."""
+    """``"UNKNOWN_MEMBER_ID(25)"`` for a Kafka error code (names as in
+    :func:`kinspect.show.error_name`)."""
     if code is None:
         return "none"
-    try:
-        from kafka.errors import for_code
-
-        name = for_code(code).message
-    except Exception:  # noqa: BLE001 - a name is a nicety
-        name = "ERROR"
-    if code == 0:
-        name = "NONE"
-    return f"{name}({code})"
+    return f"{'NONE' if code == 0 else _show_error_name(code)}({code})"
 
 
 # ---------------------------------------------------------------------------

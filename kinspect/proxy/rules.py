@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..units import parse_size as _parse_size
 from ..codec import Codec, DecodeError, EncodeError, KinspectError, Struct, Versions
 from ..codec.compiler import write_uvarint
 from ..codec.spec import FieldSpec, MessageSpec, StructSpec, uuid_from_text
@@ -138,27 +139,21 @@ def _zigzag(n: int, bits: int) -> bytes:
 
 _FIXED = {"int8": ">b", "int16": ">h", "uint16": ">H", "int32": ">i", "uint32": ">I",
           "int64": ">q", "float64": ">d"}
-_SIZE_RE = re.compile(r"^\s*(\d+)\s*(b|k|kb|kib|m|mb|mib)?\s*$", re.IGNORECASE)
-_UNITS = {None: 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20,
-          "mib": 1 << 20}
 PAYLOAD_KINDS = ("hex", "size", *_FIXED, "bool", "uuid", "uvarint", "varint", "varlong",
                  "string", "bytes")
 _FILLER = b"kinspect"
 
 
 def parse_size(text: str | int) -> int:
-    """``1024``, ``"1KiB"``, ``"1 MiB"``, ``"16b"`` → a byte count.
+    """``1024``, ``"1KiB"``, ``"1 MiB"``, ``"16b"`` → a byte count, 0..64 MiB.
 
     Raises:
         RuleError: anything else.
     """
-    if isinstance(text, int) and not isinstance(text, bool):
-        n = text
-    else:
-        m = _SIZE_RE.match(str(text))
-        if not m:
-            raise RuleError(f"bad size {text!r} (expected N, NKiB or NMiB)")
-        n = int(m.group(1)) * _UNITS[(m.group(2) or "b").lower()]
+    try:
+        n = _parse_size(text)
+    except ValueError as e:
+        raise RuleError(f"bad size: {e}") from None
     if not 0 <= n <= 64 << 20:
         raise RuleError(f"size {n} out of range 0..64 MiB")
     return n
