@@ -75,10 +75,10 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from . import __version__
-from .units import parse_size
 from .codec import Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
 from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
+from .units import parse_size
 
 log = logging.getLogger("kinspect.capture")
 

@@ -51,12 +51,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..units import parse_size as _parse_size
 from ..codec import Codec, DecodeError, EncodeError, KinspectError, Struct, Versions
 from ..codec.compiler import write_uvarint
 from ..codec.spec import FieldSpec, MessageSpec, StructSpec, uuid_from_text
 from ..codec.values import struct_class
 from ..codec.versions import ALL, NONE
+from ..units import parse_size as _parse_size
 
 log = logging.getLogger("kinspect.rules")
 
