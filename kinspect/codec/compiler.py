@@ -3,18 +3,26 @@
 For each message version two variants are generated and compiled once with
 ``exec``:
 
-* the *fast* variant: fixed-width runs read with one precompiled
-  :class:`struct.Struct`, varints read inline, bounds checked only where a short
-  slice or an allocation could otherwise pass silently (lengths and counts are
-  checked against the bytes left *before* anything is allocated, KAFKA-14063);
-* the *traced* variant: every field checked and pushed on a trace stack. It runs
-  only after the fast variant failed, to turn whatever went wrong into a
-  :class:`~kinspect.codec.errors.DecodeError` (or ``EncodeError``) carrying the
-  field path, byte offset and what was expected.
+* the *fast* variant, one function per message version with nested structs
+  generated inline (array elements are decoded and encoded in the parent's loop,
+  no call per element). Fixed-width runs are read with one precompiled
+  :class:`struct.Struct` that also takes the next field's length prefix (int16,
+  int32, or speculatively the first byte of a compact uvarint); arrays of
+  fixed-width primitives use per-count precompiled struct functions, arrays of
+  fixed-width structs one struct call for all elements when every tag section is
+  empty; one- and two-byte varints are read inline. Bounds are checked only where
+  a short slice or an allocation could otherwise pass silently: lengths and counts
+  are checked against the bytes left *before* anything is allocated
+  (KAFKA-14063);
+* the *traced* variant: one function per struct, every field checked and pushed
+  on a trace stack. It runs only after the fast variant failed, to turn whatever
+  went wrong into a :class:`~kinspect.codec.errors.DecodeError` (or
+  ``EncodeError``) carrying the field path, byte offset and what was expected.
 
 Wire formats follow the Kafka protocol guide and KIP-482 (tagged fields, compact
 types, unsigned varints), KIP-893 (nullable structs) and the proposed per-field
 ``encoding`` property (fixedN / packedN zig-zag varint / upackedN unsigned varint).
+Booleans decode as ``byte != 0`` (as Kafka reads them) and are written as 0/1.
 """
 
 from __future__ import annotations
@@ -34,6 +42,12 @@ FIXED = {
 }
 _WIDTH_BITS = {"int16": 16, "int32": 32, "int64": 64}
 
+
+def _ecode(t: str) -> str:
+    """The struct code used to *write* a fixed-width type: booleans are written with
+    ``B`` so that a non-bool value fails (``?`` would accept any object)."""
+    return "B" if t == "bool" else FIXED[t][0]
+
 # ---------------------------------------------------------------------------
 # runtime helpers used by generated code
 
@@ -49,6 +63,24 @@ def read_uvarint(buf: bytes, pos: int, max_bytes: int = 5) -> tuple[int, int]:
         DecodeError: truncated, or longer than ``max_bytes`` (5 for 32-bit, 10 for
             64-bit values).
     """
+    try:
+        b = buf[pos]
+        if b < 0x80:
+            return b, pos + 1
+        v = b & 0x7F
+        b = buf[pos + 1]
+        if b < 0x80:
+            return v | (b << 7), pos + 2
+        v |= (b & 0x7F) << 7
+        b = buf[pos + 2]
+        if b < 0x80:
+            return v | (b << 14), pos + 3
+    except IndexError:
+        raise DecodeError("truncated varint", offset=pos, expected="varint") from None
+    return _read_uvarint_long(buf, pos, max_bytes)
+
+
+def _read_uvarint_long(buf: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
     value = 0
     shift = 0
     end = len(buf)
@@ -95,12 +127,19 @@ def write_uvarint(out: bytearray, n: int) -> None:
 
 
 def _wzz(out: bytearray, n: int, bits: int) -> None:
+    """Append ``n`` as a zig-zag varint of a ``bits``-wide signed field (packedN)."""
+    lim = 1 << (bits - 1)
+    if isinstance(n, bool) or not isinstance(n, int) or not -lim <= n < lim:
+        raise EncodeError(f"{n!r} is not a valid int{bits}")
     write_uvarint(out, ((n << 1) ^ (n >> (bits - 1))) & ((1 << bits) - 1))
 
 
 def _wup(out: bytearray, n: int, bits: int) -> None:
-    if n < 0:
-        raise EncodeError(f"negative value {n} cannot be written as an unsigned varint")
+    """Append ``n`` as an unsigned varint of a ``bits``-wide field (upackedN)."""
+    if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < (1 << (bits - 1)):
+        if isinstance(n, int) and n < 0:
+            raise EncodeError(f"negative value {n} cannot be written as an unsigned varint")
+        raise EncodeError(f"{n!r} is not a valid non-negative int{bits}")
     write_uvarint(out, n)
 
 
@@ -137,6 +176,36 @@ def _packer(fmt: str) -> Callable:
     return p
 
 
+_TABLE = 128
+_BATCH_MAX = 4096
+_FA_CACHE: dict[tuple[str, int], Callable] = {}
+
+
+def _fa(fmt: str, n: int) -> Callable:
+    """``unpack_from`` of ``n`` repetitions of ``fmt`` (cached)."""
+    key = (fmt, n)
+    f = _FA_CACHE.get(key)
+    if f is None:
+        f = _struct.Struct(">" + fmt * n).unpack_from
+        if len(_FA_CACHE) < 2048:
+            _FA_CACHE[key] = f
+    return f
+
+
+_CODE_NAMES = {"?": "bool", "B": "u8", "b": "i8", "h": "i16", "H": "u16", "i": "i32", "I": "u32",
+               "q": "i64", "d": "f64"}
+_TABLES: dict[tuple[str, bool, str], list] = {}
+
+
+def _array_table(code: str, unpack: bool, prefix: str) -> list:
+    key = (code, unpack, prefix)
+    tbl = _TABLES.get(key)
+    if tbl is None:
+        mk = (lambda s: s.unpack_from) if unpack else (lambda s: s.pack)
+        tbl = _TABLES[key] = [mk(_struct.Struct(f">{prefix}{k}{code}")) for k in range(_TABLE)]
+    return tbl
+
+
 class _Marker:
     """A tag present on the wire whose value equals the field default."""
 
@@ -148,7 +217,7 @@ def _mark_present(o: Struct, tag: int) -> None:
 
 BASE_NS: dict[str, Any] = {
     "_new": object.__new__, "_uv": read_uvarint, "_uvl": _uvl, "_zz32": _zz32,
-    "_zz64": _zz64, "_wuv": write_uvarint, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
+    "_zz64": _zz64, "_wuv": write_uvarint, "_fa": _fa, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
     "_pa": _pa, "_DE": _derr, "_EE": EncodeError, "_ci": _check_int,
     "_mark": _mark_present, "_str": str, "_len": len, "_bytes": bytes, "_list": list,
     "_isinst": isinstance, "_Struct": Struct, "_range": range,
@@ -175,6 +244,7 @@ class _Unit:
         self.done: dict[int, str] = {}
         self.nconst = 0
         self.ntmp = 0
+        self.makers: dict[str, list[str]] = {}
 
     # -- helpers -----------------------------------------------------------------
     def const(self, value: Any) -> str:
@@ -228,53 +298,109 @@ class _Unit:
         return ", T" if self.traced else ""
 
     def gen_decode(self, st: StructSpec) -> None:
+        self.emit(0, f"def {self.fn('d', st)}(buf, pos, end{self.targ()}):")
+        self.decode_body(st, 1, "o")
+        self.emit(1, "return o, pos")
+        self.emit(0, "")
+        if self.flexible:
+            self.gen_tags(st, [f for f in st.fields if f.tagged_in(self.version)])
+
+    def decode_body(self, st: StructSpec, ind: int, o: str) -> None:
+        """Code that decodes one ``st`` at ``pos`` into the new variable ``o``."""
         v = self.version
         cls = self.cls_name(st)
-        self.emit(0, f"def {self.fn('d', st)}(buf, pos, end{self.targ()}):")
-        self.emit(1, f"o = _new({cls})")
+        self.emit(ind, f"{o} = _new({cls})")
         fields = st.fields
-        tagged = [f for f in fields if f.tagged_in(v)]
         i = 0
         while i < len(fields):
             f = fields[i]
             if not self.present(f) or f.tagged_in(v):
-                self.emit(1, f"o.{f.name} = {self.default_expr(f)}")
+                self.emit_default(ind, f, f"{o}.{f.name}")
                 i += 1
                 continue
-            if not self.traced and self.is_fixed(f):
-                run = [f]
-                j = i + 1
-                while j < len(fields) and self.present(fields[j]) and not fields[j].tagged_in(v) \
-                        and self.is_fixed(fields[j]):
-                    run.append(fields[j])
+            if not self.traced:
+                # a run of fixed-width fields, plus the length prefix of the variable-
+                # length field after it, read with one precompiled struct format
+                j = i
+                while j < len(fields) and self.present(fields[j]) and \
+                        not fields[j].tagged_in(v) and self.is_fixed(fields[j]):
                     j += 1
-                if len(run) > 1:
+                run = fields[i:j]
+                nxt = fields[j] if j < len(fields) else None
+                if nxt is not None and not (self.present(nxt) and not nxt.tagged_in(v)):
+                    nxt = None
+                pfx = self.prefix_code(nxt) if nxt is not None else None
+                tail_tags = (nxt is None and self.flexible and
+                             all(not self.present(x) or x.tagged_in(v) for x in fields[j:]))
+                if run and (len(run) > 1 or pfx is not None or tail_tags):
                     fmt = ">" + "".join(FIXED[x.type][0] for x in run)
                     size = sum(FIXED[x.type][1] for x in run)
+                    targets = [f"{o}.{x.name}" for x in run]
+                    pv = None
+                    if pfx is not None or tail_tags:
+                        pv = self.tmp("p")
+                        code = pfx or "B"
+                        fmt += code
+                        size += _struct.calcsize(">" + code)
+                        targets.append(pv)
                     u = self._c(_struct.Struct(fmt).unpack_from)
-                    targets = ", ".join(f"o.{x.name}" for x in run)
-                    self.emit(1, f"{targets} = {u}(buf, pos)")
-                    self.emit(1, f"pos += {size}")
+                    self.emit(ind, f"{', '.join(targets)}, = {u}(buf, pos)")
+                    self.emit(ind, f"pos += {size}")
+                    if pv is not None and (pfx or "B") == "B":
+                        self.emit(ind, f"if {pv} > 127:")
+                        self.uv_rest(ind + 1, pv, two=pfx is not None)
+                    if pfx is not None:
+                        self.read_field(ind, nxt, f"{o}.{nxt.name}", pre=pv)
+                        i = j + 1
+                        continue
                     i = j
+                    if tail_tags:
+                        for x in fields[j:]:
+                            self.emit_default(ind, x, f"{o}.{x.name}")
+                        self.finish_decode(st, ind, o, pre=pv)
+                        return
                     continue
-            self.read_field(1, f, f"o.{f.name}")
+            self.read_field(ind, f, f"{o}.{f.name}")
             i += 1
+        self.finish_decode(st, ind, o)
+
+    def prefix_code(self, f: FieldSpec) -> str | None:
+        """The struct code of a field's length prefix when it can be read together
+        with a preceding fixed-width run (``B`` speculatively for a compact varint)."""
+        if f.struct is not None and not f.is_array:
+            return None
+        if not (f.is_array or f.type in ("string", "bytes", "records")):
+            return None
+        if self.compact(f):
+            return "B"
+        return "h" if f.type == "string" else "i"
+
+    def finish_decode(self, st: StructSpec, ind: int, o: str, pre: str | None = None) -> None:
         if self.flexible:
-            self.read_uv(1, "n")
-            self.emit(1, "if n:")
+            n = self.tmp("c")
             if self.traced:
-                self.emit(2, f"T.append(('<tagged fields>', pos, 'tag section'))")
-            self.emit(2, f"pos = {self.fn('t', st)}(o, buf, pos, end, n{self.targ()})")
+                self.emit(ind, "T.append(('<tagged fields>', pos, 'tag section'))")
+            if pre is None and not self.traced:
+                # almost every tag section is empty: one byte 0
+                self.emit(ind, "if buf[pos]:")
+                self.emit(ind + 1, f"{n}, pos = _uv(buf, pos)")
+                self.emit(ind + 1, f"pos = {self.fn('t', st)}({o}, buf, pos, end, {n})")
+                self.emit(ind, "else:")
+                self.emit(ind + 1, "pos += 1")
+                self.emit(ind + 1, f"{o}._unknown = None")
+                return
+            if pre is not None:
+                n = pre
+            else:
+                self.read_uv(ind, n)
+            self.emit(ind, f"if {n}:")
+            self.emit(ind + 1, f"pos = {self.fn('t', st)}({o}, buf, pos, end, {n}{self.targ()})")
+            self.emit(ind, "else:")
+            self.emit(ind + 1, f"{o}._unknown = None")
             if self.traced:
-                self.emit(2, "T.pop()")
-            self.emit(1, "else:")
-            self.emit(2, "o._unknown = None")
+                self.emit(ind, "T.pop()")
         else:
-            self.emit(1, "o._unknown = None")
-        self.emit(1, "return o, pos")
-        self.emit(0, "")
-        if self.flexible:
-            self.gen_tags(st, tagged)
+            self.emit(ind, f"{o}._unknown = None")
 
     def gen_tags(self, st: StructSpec, tagged: list[FieldSpec]) -> None:
         self.emit(0, f"def {self.fn('t', st)}(o, buf, pos, end, cnt{self.targ()}):")
@@ -338,8 +464,36 @@ class _Unit:
         if f.struct is not None:
             if f.default_text == "null":
                 return "None"
-            return f"{self.cls_name(f.struct)}()"
+            return f"{self.maker(f.struct)}()"
         return self.const(f.default)
+
+    def emit_default(self, ind: int, f: FieldSpec, target: str) -> None:
+        """Assign the field's default; a struct default is built inline (no call)."""
+        if f.struct is not None and not f.is_array and f.default_text != "null" \
+                and not self.traced:
+            x = self.tmp("d")
+            self.emit(ind, f"{x} = _new({self.cls_name(f.struct)})")
+            for sf in f.struct.fields:
+                self.emit(ind, f"{x}.{sf.name} = {self.default_expr(sf)}")
+            self.emit(ind, f"{x}._unknown = None")
+            self.emit(ind, f"{target} = {x}")
+        else:
+            self.emit(ind, f"{target} = {self.default_expr(f)}")
+
+    def maker(self, st: StructSpec) -> str:
+        """Name of a generated function returning a new ``st`` with every field at its
+        default (cheaper than the keyword ``__init__``; used for absent and tagged
+        struct fields)."""
+        name = f"mk_{st.name}_{id(st)}"
+        if name in self.makers:
+            return name
+        self.makers[name] = []  # placeholder against recursion
+        lines = [f"def {name}():", f"    o = _new({self.cls_name(st)})"]
+        for f in st.fields:
+            lines.append(f"    o.{f.name} = {self.default_expr(f)}")
+        lines += ["    o._unknown = None", "    return o", ""]
+        self.makers[name] = lines
+        return name
 
     def default_cmp(self, f: FieldSpec) -> str:
         """An expression equal to the field's default, for comparisons."""
@@ -351,14 +505,46 @@ class _Unit:
             return self._c(struct_class(f.struct)())
         return self.const(f.default)
 
-    def read_uv(self, ind: int, var: str) -> None:
+    def read_uv(self, ind: int, var: str, two: bool = False) -> None:
+        """Read a uvarint into ``var``; one-byte values inline (and two-byte ones
+        when ``two``: lengths of records and bytes), longer ones by :func:`read_uvarint`."""
         self.emit(ind, f"{var} = buf[pos]")
         self.emit(ind, f"if {var} < 128:")
         self.emit(ind + 1, "pos += 1")
         self.emit(ind, "else:")
-        self.emit(ind + 1, f"{var}, pos = _uv(buf, pos)")
+        self.emit(ind + 1, "pos += 1")
+        self.uv_rest(ind + 1, var, two)
 
-    def read_field(self, ind: int, f: FieldSpec, target: str, in_tag: bool = False) -> None:
+    def uv_rest(self, ind: int, var: str, two: bool) -> None:
+        """``var`` holds a first varint byte >= 128 just read; ``pos`` is after it."""
+        if two and not self.traced:
+            q = self.tmp("q")
+            self.emit(ind, f"{q} = buf[pos]")
+            self.emit(ind, f"if {q} < 128:")
+            self.emit(ind + 1, f"{var} = ({var} & 127) | ({q} << 7)")
+            self.emit(ind + 1, "pos += 1")
+            self.emit(ind, "else:")
+            self.emit(ind + 1, f"{var}, pos = _uv(buf, pos - 1)")
+        else:
+            self.emit(ind, f"{var}, pos = _uv(buf, pos - 1)")
+
+    def read_len(self, ind: int, n: str, compact: bool, pre: str | None, code: str) -> None:
+        """Put a length into ``n``: compact (uvarint minus one) or fixed ``code``;
+        ``pre`` names a variable already holding the raw prefix."""
+        if compact:
+            if pre is None:
+                self.read_uv(ind, n, two=True)
+                self.emit(ind, f"{n} -= 1")
+            else:
+                self.emit(ind, f"{n} = {pre} - 1")
+        elif pre is None:
+            self.emit(ind, f"{n}, = {'_uh' if code == 'h' else '_ui'}(buf, pos)")
+            self.emit(ind, f"pos += {2 if code == 'h' else 4}")
+        else:
+            self.emit(ind, f"{n} = {pre}")
+
+    def read_field(self, ind: int, f: FieldSpec, target: str, in_tag: bool = False,
+                   pre: str | None = None) -> None:
         v = self.version
         if self.traced and not in_tag:
             self.emit(ind, f"T.append(({f.name!r}, pos, {self.describe(f)!r}))")
@@ -366,12 +552,7 @@ class _Unit:
         nullable = f.nullable_in(v)
         if f.is_array:
             n = self.tmp("n")
-            if compact:
-                self.read_uv(ind, n)
-                self.emit(ind, f"{n} -= 1")
-            else:
-                self.emit(ind, f"{n}, = _ui(buf, pos)")
-                self.emit(ind, "pos += 4")
+            self.read_len(ind, n, compact, pre, "i")
             self.emit(ind, f"if {n} < 0:")
             if nullable:
                 self.emit(ind + 1, f"if {n} != -1:")
@@ -380,11 +561,31 @@ class _Unit:
             else:
                 self.emit(ind + 1, f"raise _DE('null or negative length %d for a non-nullable "
                                    f"array' % {n}, 'array length >= 0')")
+            et = f.element_type
+            fixed_elems = et in FIXED and et != "uuid" and f.struct is None
+            if not self.traced and fixed_elems:
+                # the element size check below bounds the count before allocating
+                code, size = FIXED[et]
+                e = self.tmp("e")
+                self.emit(ind, "else:")
+                self.emit(ind + 1, f"{e} = pos + {n} * {size}" if size > 1 else f"{e} = pos + {n}")
+                self.emit(ind + 1, f"if {e} > end:")
+                self.emit(ind + 2, f"raise _DE('array of %d {et} exceeds the %d bytes left' % "
+                                   f"({n}, end - pos), 'array of {et}')")
+                tbl = self.array_table(code, unpack=True)
+                self.emit(ind + 1, f"{target} = [*{tbl}[{n}](buf, pos)] if {n} < {_TABLE} "
+                                   f"else _ua({code!r}, {n}, buf, pos)")
+                self.emit(ind + 1, f"pos = {e}")
+                if self.traced and not in_tag:
+                    self.emit(ind, "T.pop()")
+                return
+            if not self.traced:
+                self.emit(ind, f"elif {n} == 0:")
+                self.emit(ind + 1, f"{target} = []")
             self.emit(ind, f"elif {n} > end - pos:")
             self.emit(ind + 1, f"raise _DE('array length %d exceeds the %d bytes left' % "
                                f"({n}, end - pos), 'array length')")
             self.emit(ind, "else:")
-            et = f.element_type
             if f.struct is not None:
                 sub = self.fn("d", f.struct)
                 a = self.tmp("a")
@@ -397,18 +598,27 @@ class _Unit:
                     self.emit(ind + 2, "T.pop()")
                 else:
                     ap = self.tmp("ap")
+                    x = self.tmp("x")
                     self.emit(ind + 1, f"{ap} = {a}.append")
-                    self.emit(ind + 1, f"for _ in _range({n}):")
-                    self.emit(ind + 2, f"x, pos = {sub}(buf, pos, end)")
-                    self.emit(ind + 2, f"{ap}(x)")
+                    loop_ind = ind + 1
+                    if self.batchable(f.struct):
+                        loop_ind = self.batch_decode(ind + 1, f.struct, n, a, ap)
+                    self.emit(loop_ind, f"for _ in _range({n}):")
+                    self.decode_body(f.struct, loop_ind + 1, x)
+                    self.emit(loop_ind + 1, f"{ap}({x})")
                 self.emit(ind + 1, f"{target} = {a}")
             elif et in FIXED and et != "uuid":
                 code, size = FIXED[et]
-                self.emit(ind + 1, f"if {n} * {size} > end - pos:")
-                self.emit(ind + 2, f"raise _DE('array of %d {et} exceeds the %d bytes left' % "
-                                   f"({n}, end - pos), 'array of {et}')")
-                self.emit(ind + 1, f"{target} = _ua({code!r}, {n}, buf, pos)")
-                self.emit(ind + 1, f"pos += {n} * {size}")
+                e = self.tmp("e")
+                self.emit(ind + 1, f"{e} = pos + {n} * {size}" if size > 1 else f"{e} = pos + {n}")
+                if size > 1:
+                    self.emit(ind + 1, f"if {e} > end:")
+                    self.emit(ind + 2, f"raise _DE('array of %d {et} exceeds the %d bytes left' % "
+                                       f"({n}, end - pos), 'array of {et}')")
+                tbl = self.array_table(code, unpack=True)
+                self.emit(ind + 1, f"{target} = [*{tbl}[{n}](buf, pos)] if {n} < {_TABLE} "
+                                   f"else _ua({code!r}, {n}, buf, pos)")
+                self.emit(ind + 1, f"pos = {e}")
             else:
                 a = self.tmp("a")
                 self.emit(ind + 1, f"{a} = []")
@@ -437,16 +647,74 @@ class _Unit:
                     self.emit(ind + 1, f"raise _DE('invalid nullable struct marker %d' % {m}, "
                                        f"'-1 (null) or 1 (present)')")
                 self.emit(ind, "else:")
-                self.emit(ind + 1, f"{target}, pos = {sub}(buf, pos, end{self.targ()})")
+                self.struct_value(ind + 1, f, target, sub, in_tag)
             else:
-                self.emit(ind, f"{target}, pos = {sub}(buf, pos, end{self.targ()})")
+                self.struct_value(ind, f, target, sub, in_tag)
         else:
-            self.read_prim(ind, f.type, target, compact, nullable, f)
+            self.read_prim(ind, f.type, target, compact, nullable, f, pre=pre)
         if self.traced and not in_tag:
             self.emit(ind, "T.pop()")
 
+    def batchable(self, st: StructSpec) -> bool:
+        """Elements whose wire form is fixed-width (plus an empty tag section)."""
+        v = self.version
+        wire = [f for f in st.fields if self.present(f) and not f.tagged_in(v)]
+        return bool(wire) and all(self.is_fixed(f) for f in wire)
+
+    def batch_decode(self, ind: int, st: StructSpec, n: str, a: str, ap: str) -> int:
+        """Decode an array of fixed-width elements with one struct call when every
+        element has an empty tag section; returns the indent of the general loop
+        that runs otherwise."""
+        v = self.version
+        wire = [f for f in st.fields if self.present(f) and not f.tagged_in(v)]
+        fmt = "".join(FIXED[f.type][0] for f in wire) + ("B" if self.flexible else "")
+        size = _struct.calcsize(">" + fmt)
+        m = len(wire) + (1 if self.flexible else 0)
+        vals, it, e = self.tmp("bv"), self.tmp("it"), self.tmp("e")
+        self.emit(ind, f"{e} = pos + {n} * {size}")
+        cond = f"{e} <= end and 2 < {n} < {_BATCH_MAX}"
+        self.emit(ind, f"if {cond}:")
+        self.emit(ind + 1, f"{vals} = _fa({fmt!r}, {n})(buf, pos)")
+        if self.flexible:
+            self.emit(ind + 1, f"if any({vals}[{m - 1}::{m}]):")
+            self.emit(ind + 2, f"{e} = -1")
+        self.emit(ind, "else:")
+        self.emit(ind + 1, f"{e} = -1")
+        self.emit(ind, f"if {e} >= 0:")
+        names = [self.tmp("f") for _ in wire] + (["_"] if self.flexible else [])
+        self.emit(ind + 1, f"{it} = iter({vals})")
+        self.emit(ind + 1, f"for {', '.join(names)}, in zip({', '.join([it] * m)}):")
+        x = self.tmp("x")
+        self.emit(ind + 2, f"{x} = _new({self.cls_name(st)})")
+        for f in st.fields:
+            if f in wire:
+                self.emit(ind + 2, f"{x}.{f.name} = {names[wire.index(f)]}")
+            else:
+                self.emit(ind + 2, f"{x}.{f.name} = {self.default_expr(f)}")
+        self.emit(ind + 2, f"{x}._unknown = None")
+        self.emit(ind + 2, f"{ap}({x})")
+        self.emit(ind + 1, f"pos = {e}")
+        self.emit(ind, "else:")
+        return ind + 1
+
+    def struct_value(self, ind: int, f: FieldSpec, target: str, sub: str, in_tag: bool) -> None:
+        if self.traced or in_tag:
+            self.emit(ind, f"{target}, pos = {sub}(buf, pos, end{self.targ()})")
+        else:
+            x = self.tmp("s")
+            self.decode_body(f.struct, ind, x)
+            self.emit(ind, f"{target} = {x}")
+
+    def array_table(self, code: str, unpack: bool, prefix: str = "") -> str:
+        """Namespace name of a list of precompiled struct functions for arrays of
+        0.._TABLE-1 elements of ``code`` (optionally after a ``prefix`` length code)."""
+        name = f"_{'U' if unpack else 'P'}{prefix}_{_CODE_NAMES[code]}"
+        if name not in self.ns:
+            self.ns[name] = _array_table(code, unpack, prefix)
+        return name
+
     def read_prim(self, ind: int, t: str, target: str, compact: bool, nullable: bool,
-                  f: FieldSpec, element: bool = False) -> None:
+                  f: FieldSpec, element: bool = False, pre: str | None = None) -> None:
         if t in FIXED:
             enc = "fixed" if element or t not in _WIDTH_BITS else f.encoding_in(self.version)
             if enc == "packed":
@@ -471,15 +739,7 @@ class _Unit:
             return
         # string, bytes, records
         n = self.tmp("n")
-        if compact:
-            self.read_uv(ind, n)
-            self.emit(ind, f"{n} -= 1")
-        elif t == "string":
-            self.emit(ind, f"{n}, = _uh(buf, pos)")
-            self.emit(ind, "pos += 2")
-        else:
-            self.emit(ind, f"{n}, = _ui(buf, pos)")
-            self.emit(ind, "pos += 4")
+        self.read_len(ind, n, compact, pre, "h" if t == "string" else "i")
         kind = ("compact " if compact else "") + t
         self.emit(ind, f"if {n} < 0:")
         if nullable:
@@ -496,22 +756,29 @@ class _Unit:
         self.emit(ind + 2, f"raise _DE('{t} length %d exceeds the %d bytes left' % "
                            f"({n}, end - pos), '{kind} data')")
         if t == "string":
-            self.emit(ind + 1, f"{target} = _str(buf[pos:{e}], 'utf-8')")
+            self.emit(ind + 1, f"{target} = buf[pos:{e}].decode()")
         else:
             self.emit(ind + 1, f"{target} = buf[pos:{e}]")
         self.emit(ind + 1, f"pos = {e}")
 
     # -- encode -------------------------------------------------------------------
     def gen_encode(self, st: StructSpec) -> None:
-        v = self.version
         self.emit(0, f"def {self.fn('e', st)}(o, out{self.targ()}):")
+        if not self.encode_body(st, 1, "o"):
+            self.emit(1, "pass")
+        self.emit(0, "")
+
+    def encode_body(self, st: StructSpec, ind: int, o: str) -> bool:
+        """Code that appends the encoding of struct ``o`` to ``out``; returns whether
+        any code was emitted."""
+        v = self.version
         fields = st.fields
         i = 0
         wrote = False
         while i < len(fields):
             f = fields[i]
             if not self.present(f):
-                self.check_absent(1, f)
+                wrote |= self.check_absent(ind, f, o)
                 i += 1
                 continue
             if f.tagged_in(v):
@@ -525,78 +792,83 @@ class _Unit:
                         fields[j].type != "uuid":
                     run.append(fields[j])
                     j += 1
-                fmt = ">" + "".join(FIXED[x.type][0] for x in run)
+                fmt = ">" + "".join(_ecode(x.type) for x in run)
                 p = self._c(_struct.Struct(fmt).pack)
-                args = ", ".join(f"o.{x.name}" for x in run)
-                self.emit(1, f"out += {p}({args})")
+                args = ", ".join(f"{o}.{x.name}" for x in run)
+                self.emit(ind, f"out += {p}({args})")
                 wrote = True
                 i = j
                 continue
-            self.write_field(1, f, f"o.{f.name}")
+            self.write_field(ind, f, f"{o}.{f.name}")
             wrote = True
             i += 1
         if self.flexible:
-            self.write_tags(1, st)
+            self.write_tags(ind, st, o)
             wrote = True
-        if not wrote:
-            self.emit(1, "pass")
-        self.emit(0, "")
+        return wrote
 
-    def check_absent(self, ind: int, f: FieldSpec) -> None:
+    def check_absent(self, ind: int, f: FieldSpec, o: str = "o") -> bool:
         if f.ignorable:
-            return
-        val = f"o.{f.name}"
-        if f.is_array:
-            cond = f"{val}"
-        elif f.struct is not None:
-            cond = f"{val} is not None" if f.default_text == "null" else \
-                f"{val} != {self.default_cmp(f)}"
-        else:
-            cond = f"{val} != {self.default_cmp(f)}"
-        self.emit(ind, f"if {cond}:")
+            return False
+        val = f"{o}.{f.name}"
+        self.emit(ind, f"if {self.nondefault(f, val)}:")
         self.emit(ind + 1, f"raise _EE('non-default value %r for field {f.name}, which version "
                            f"{self.version} does not have and which is not ignorable' % ({val},), "
                            f"{f.name!r})")
+        return True
 
-    def write_tags(self, ind: int, st: StructSpec) -> None:
+    def write_tags(self, ind: int, st: StructSpec, o: str = "o") -> None:
         v = self.version
+        self.ns["_wtags"] = _write_tags
+        self.ns["_k0"] = _tag_key
         tagged = sorted((f for f in st.fields if f.tagged_in(v)), key=lambda x: x.tag)
+        u = self.tmp("u")
         if not tagged:
-            self.emit(ind, "u = o._unknown")
-            self.emit(ind, "if u:")
-            self.emit(ind + 1, "_wtags(out, sorted(u.items()))")
+            self.emit(ind, f"{u} = {o}._unknown")
+            self.emit(ind, f"if {u}:")
+            self.emit(ind + 1, f"_wtags(out, sorted({u}.items()))")
             self.emit(ind, "else:")
             self.emit(ind + 1, "out.append(0)")
-            self.ns["_wtags"] = _write_tags
             return
-        self.ns["_wtags"] = _write_tags
-        self.emit(ind, "tg = []")
-        self.emit(ind, "pr = _getp(o, '_present', None)")
+        tg, pr, b = self.tmp("tg"), self.tmp("pr"), self.tmp("b")
+        self.emit(ind, f"{tg} = []")
+        self.emit(ind, f"{pr} = _getp({o}, '_present', None)")
         for f in tagged:
-            val = f"o.{f.name}"
-            if f.is_array and f.default_text != "null":
-                cond = f"{val} is None or {val}"
-            else:
-                cond = f"{val} != {self.default_cmp(f)}"
-            self.emit(ind, f"if {cond} or (pr and {f.tag} in pr):")
+            val = f"{o}.{f.name}"
+            self.emit(ind, f"if {self.nondefault(f, val)} or ({pr} and {f.tag} in {pr}):")
             if self.traced:
                 self.emit(ind + 1, f"T.append(({f.name!r}, len(out), {self.describe(f)!r}))")
-            self.emit(ind + 1, "b = out")
+            self.emit(ind + 1, f"{b} = out")
             self.emit(ind + 1, "out = bytearray()")
             self.write_field(ind + 1, f, val, in_tag=True)
-            self.emit(ind + 1, f"tg.append(({f.tag}, out))")
-            self.emit(ind + 1, "out = b")
+            self.emit(ind + 1, f"{tg}.append(({f.tag}, out))")
+            self.emit(ind + 1, f"out = {b}")
             if self.traced:
                 self.emit(ind + 1, "T.pop()")
-        self.emit(ind, "u = o._unknown")
-        self.emit(ind, "if u:")
-        self.emit(ind + 1, "tg.extend(u.items())")
-        self.emit(ind + 1, "tg.sort(key=_k0)")
-        self.ns["_k0"] = _tag_key
-        self.emit(ind, "if tg:")
-        self.emit(ind + 1, "_wtags(out, tg)")
+        self.emit(ind, f"{u} = {o}._unknown")
+        self.emit(ind, f"if {u}:")
+        self.emit(ind + 1, f"{tg}.extend({u}.items())")
+        self.emit(ind + 1, f"{tg}.sort(key=_k0)")
+        self.emit(ind, f"if {tg}:")
+        self.emit(ind + 1, f"_wtags(out, {tg})")
         self.emit(ind, "else:")
         self.emit(ind + 1, "out.append(0)")
+
+    def nondefault(self, f: FieldSpec, val: str, depth: int = 0) -> str:
+        """An expression true when ``val`` (the value of ``f``) differs from the
+        field's default, comparing struct defaults field by field inline."""
+        if f.is_array:
+            return f"{val} is not None" if f.default_text == "null" else f"{val} != []"
+        if f.struct is not None:
+            if f.default_text == "null":
+                return f"{val} is not None"
+            if depth >= 2 or len(f.struct.fields) > 8:
+                return f"{val} != {self.default_cmp(f)}"
+            parts = [f"{val} is None"]
+            parts += [self.nondefault(sf, f"{val}.{sf.name}", depth + 1) for sf in f.struct.fields]
+            parts.append(f"{val}._unknown")
+            return "(" + " or ".join(parts) + ")"
+        return f"{val} != {self.const(f.default)}"
 
     def write_uv(self, ind: int, expr: str) -> None:
         n = self.tmp("w")
@@ -622,11 +894,32 @@ class _Unit:
                 self.emit(ind + 1, f"raise _EE('null for non-nullable array {f.name}', "
                                    f"{f.name!r})")
             self.emit(ind, "else:")
+            et = f.element_type
+            if not self.traced and et in FIXED and et != "uuid" and f.struct is None:
+                # length prefix and elements packed with one precompiled struct
+                code = _ecode(et)
+                k = self.tmp("k")
+                self.emit(ind + 1, f"{k} = len({x})")
+                if compact:
+                    tbl = self.array_table(code, unpack=False, prefix="B")
+                    self.emit(ind + 1, f"if {k} < {min(_TABLE, 127)}:")
+                    self.emit(ind + 2, f"out += {tbl}[{k}]({k} + 1, *{x})")
+                    self.emit(ind + 1, "else:")
+                    self.emit(ind + 2, f"_wuv(out, {k} + 1)")
+                else:
+                    tbl = self.array_table(code, unpack=False, prefix="i")
+                    self.emit(ind + 1, f"if {k} < {_TABLE}:")
+                    self.emit(ind + 2, f"out += {tbl}[{k}]({k}, *{x})")
+                    self.emit(ind + 1, "else:")
+                    self.emit(ind + 2, f"out += _pi({k})")
+                self.emit(ind + 2, f"out += _pa({code!r}, {x})")
+                if self.traced and not in_tag:
+                    self.emit(ind, "T.pop()")
+                return
             if compact:
                 self.write_uv(ind + 1, f"len({x}) + 1")
             else:
                 self.emit(ind + 1, f"out += _pi(len({x}))")
-            et = f.element_type
             if f.struct is not None:
                 sub = self.fn("e", f.struct)
                 if self.traced:
@@ -638,10 +931,12 @@ class _Unit:
                     self.emit(ind + 2, f"{sub}(y, out, T)")
                     self.emit(ind + 2, "T.pop()")
                 else:
-                    self.emit(ind + 1, f"for y in {x}:")
-                    self.emit(ind + 2, f"{sub}(y, out)")
+                    y = self.tmp("y")
+                    self.emit(ind + 1, f"for {y} in {x}:")
+                    if not self.encode_body(f.struct, ind + 2, y):
+                        self.emit(ind + 2, "pass")
             elif et in FIXED and et != "uuid":
-                code = FIXED[et][0]
+                code = _ecode(et)
                 if self.traced and et in INT_RANGES:
                     self.emit(ind + 1, f"for y in {x}:")
                     self.emit(ind + 2, f"_ci(y, {et!r})")
@@ -663,7 +958,10 @@ class _Unit:
                 self.emit(ind2, f"if not _isinst({x}, {self.cls_name(f.struct)}):")
                 self.emit(ind2 + 1, f"raise _EE('expected a {f.struct.name}, got %s' % "
                                     f"type({x}).__name__)")
-            self.emit(ind2, f"{sub}({x}, out{self.targ()})")
+            if self.traced:
+                self.emit(ind2, f"{sub}({x}, out, T)")
+            elif not self.encode_body(f.struct, ind2, x):
+                self.emit(ind2, "pass")
         else:
             self.write_prim(ind, f.type, x, compact, nullable, f)
         if self.traced and not in_tag:
@@ -675,6 +973,9 @@ class _Unit:
             enc = "fixed" if element or t not in _WIDTH_BITS else f.encoding_in(self.version)
             if self.traced and t in INT_RANGES:
                 self.emit(ind, f"_ci({x}, {t!r})")
+            elif self.traced and t == "bool":
+                self.emit(ind, f"if not _isinst({x}, bool):")
+                self.emit(ind + 1, f"raise _EE('expected a boolean, got %r' % ({x},))")
             if enc == "packed":
                 self.emit(ind, f"_wzz(out, {x}, {_WIDTH_BITS[t]})")
             elif enc == "upacked":
@@ -684,7 +985,7 @@ class _Unit:
                 self.emit(ind + 1, f"raise _EE('uuid must be 16 bytes, got %d' % len({x}))")
                 self.emit(ind, f"out += {x}")
             else:
-                p = self._c(_struct.Struct(">" + FIXED[t][0]).pack)
+                p = self._c(_struct.Struct(">" + _ecode(t)).pack)
                 self.emit(ind, f"out += {p}({x})")
             return
         self.emit(ind, f"if {x} is None:")
@@ -755,6 +1056,8 @@ class CompiledVersion:
 def _compile(msg: MessageSpec, version: int, traced: bool):
     unit = _Unit(msg, version, traced)
     unit.gen_struct(msg.struct)
+    for lines in unit.makers.values():
+        unit.lines.extend(lines)
     source = "\n".join(unit.lines)
     code = compile(source, f"<kinspect {msg.name} v{version}{' traced' if traced else ''}>", "exec")
     exec(code, unit.ns)

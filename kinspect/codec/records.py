@@ -45,9 +45,22 @@ from dataclasses import dataclass, field
 from typing import Iterator, NamedTuple
 
 import cramjam
-import crc32c as _crc32c_mod
 
 from .errors import DecodeError
+
+
+def _crc32c(data: memoryview) -> int:
+    """CRC-32C (Castagnoli) through the ``crc32c`` package, imported on first use
+    (its import pulls in ``socket``, which the sans-io codec otherwise avoids)."""
+    global _crc32c_fn
+    if _crc32c_fn is None:
+        import crc32c
+
+        _crc32c_fn = crc32c.crc32c
+    return _crc32c_fn(data)
+
+
+_crc32c_fn = None
 
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
@@ -1097,7 +1110,7 @@ class _Decoder:
             bseq,
             count,
         ) = _V2_HEADER.unpack_from(data, pos)
-        crc_computed = _crc32c_mod.crc32c(self.mv[pos + _V2_CRC_START : end])
+        crc_computed = _crc32c(self.mv[pos + _V2_CRC_START : end])
         crc_valid = crc_computed == crc
         codec = attrs & _ATTR_CODEC
         if codec not in COMPRESSION_NAMES:

@@ -12,11 +12,18 @@ defines a message wins. The default path is, in order:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import tempfile
 import zipfile
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from gc import disable as _gc_disable
+from gc import enable as _gc_enable
+from gc import isenabled as _gc_isenabled
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import json5
 
@@ -27,18 +34,108 @@ from .values import Struct, struct_class
 
 PROJECT_SPECS = Path(__file__).resolve().parents[2] / "specs"
 ENV_VAR = "KINSPECT_SPECS"
+CACHE_ENV_VAR = "KINSPECT_CACHE"
+#: bump when the cached document format changes
+_CACHE_FORMAT = 1
+
+
+def cache_dir() -> Path | None:
+    """Where parsed spec documents are cached, or ``None`` when caching is off.
+
+    ``$KINSPECT_CACHE`` if set (``""``, ``"0"``, ``"off"`` or ``"none"`` turn the
+    cache off), else ``$XDG_CACHE_HOME/kinspect``, else ``~/.cache/kinspect``.
+    """
+    env = os.environ.get(CACHE_ENV_VAR)
+    if env is not None:
+        if env.strip().lower() in ("", "0", "off", "none", "false"):
+            return None
+        return Path(env)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".cache"
+    return base / "kinspect"
+
+
+def _cache_path(text: str) -> Path | None:
+    root = cache_dir()
+    if root is None:
+        return None
+    key = hashlib.sha256(
+        f"{_CACHE_FORMAT}\0json5-{json5.__version__}\0".encode() + text.encode("utf-8")
+    ).hexdigest()
+    return root / "specs" / key[:2] / f"{key}.json"
+
+
+def load_spec_document(text: str, source: str) -> Any:
+    """Parse one spec file's text with json5 (comments allowed), through a cache.
+
+    json5 is slow (about 3 s for kafka-python's 108 files), so parsed documents
+    are cached as plain JSON under :func:`cache_dir`, keyed by the SHA-256 of the
+    file text (and the json5 version). Cache writes are atomic (a temporary file in
+    the same directory, then ``os.replace``), so concurrent processes never read a
+    torn entry; an unreadable or corrupt entry is ignored and rewritten; an
+    unwritable cache directory just means no caching.
+
+    Raises:
+        SpecError: the text is not valid JSON5.
+    """
+    path = _cache_path(text)
+    if path is not None:
+        try:
+            with open(path, "r", encoding="utf-8") as fh:
+                return json.load(fh)
+        except (OSError, ValueError):
+            pass
+    try:
+        doc = json5.loads(text)
+    except ValueError as e:
+        raise SpecError(f"not valid JSON: {e}", source) from None
+    if path is not None:
+        _cache_store(path, doc)
+    return doc
+
+
+def _cache_store(path: Path, doc: Any) -> None:
+    try:
+        data = json.dumps(doc, separators=(",", ":"), allow_nan=True)
+    except (TypeError, ValueError):
+        return
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+        tmp = None
+    except OSError:
+        pass
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
 
 
 def kafka_python_specs() -> Path | None:
-    """The directory of spec files shipped by kafka-python >= 3, or ``None``."""
-    try:
-        import importlib.resources as resources
+    """The directory of spec files shipped by kafka-python >= 3, or ``None``.
 
-        root = resources.files("kafka.protocol.schemas") / "resources"
-        path = Path(str(root))
-        return path if path.is_dir() else None
-    except (ImportError, ModuleNotFoundError, TypeError):
+    Found without importing the ``kafka`` package (which would pull in sockets and
+    threads: the codec stays sans-io).
+    """
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("kafka")
+    except (ImportError, ValueError):
         return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for root in spec.submodule_search_locations:
+        path = Path(root) / "protocol" / "schemas" / "resources"
+        if path.is_dir():
+            return path
+    return None
 
 
 @dataclass
@@ -103,7 +200,7 @@ class MessageCodec:
     (:mod:`kinspect.codec.compiler`).
     """
 
-    __slots__ = ("spec", "cls", "_compiled", "api")
+    __slots__ = ("_compiled", "api", "cls", "spec")
 
     def __init__(self, spec: MessageSpec):
         self.spec = spec
@@ -135,6 +232,9 @@ class MessageCodec:
         if end is None:
             end = len(buf)
         if p != end:
+            if p > end:
+                raise DecodeError(f"message runs {p - end} bytes past the end", offset=end,
+                                  expected="end of message", api=self.api, version=version)
             raise DecodeError(f"{end - p} trailing bytes after the message", offset=p,
                               expected="end of message", api=self.api, version=version)
         return obj
@@ -150,11 +250,20 @@ class MessageCodec:
             cv = self.compiled(version)
         except KinspectError as e:
             raise DecodeError(str(e), offset=pos, api=self.api, version=version) from None
+        # The decoded tree has no reference cycles, so the cyclic garbage collector
+        # has nothing to find in it: pausing it while thousands of structs and lists
+        # are allocated saves its repeated scans (about a third of the decode time
+        # of a large frame). It is re-enabled at once, even on errors.
+        paused = _gc_isenabled()
+        if paused:
+            _gc_disable()
         try:
             return cv.decode(buf, pos, end)
-        except (DecodeError, IndexError, ValueError, OverflowError, MemoryError,
-                RecursionError, _struct_error) as ex:
+        except _DECODE_FAILURES as ex:
             raise self._diagnose(cv, buf, pos, end, version, ex) from None
+        finally:
+            if paused:
+                _gc_enable()
 
     def _diagnose(self, cv: CompiledVersion, buf: bytes, pos: int, end: int, version: int,
                   first: BaseException) -> DecodeError:
@@ -162,8 +271,7 @@ class MessageCodec:
         trace: list[tuple[str, int, str]] = []
         try:
             cv.decode_traced(buf, pos, end, trace)
-        except (DecodeError, IndexError, ValueError, OverflowError, MemoryError,
-                RecursionError, _struct_error) as ex:
+        except _DECODE_FAILURES as ex:
             return _decode_error(ex, trace, self.api, version, end)
         return DecodeError(f"{type(first).__name__}: {first}", api=self.api, version=version)
 
@@ -188,10 +296,16 @@ class MessageCodec:
         if not isinstance(value, self.cls):
             raise EncodeError(f"expected a {self.spec.name}, got {type(value).__name__}")
         start = len(out)
+        paused = _gc_isenabled()  # see decode_from
+        if paused:
+            _gc_disable()
         try:
             cv.encode(value, out)
             return
         except Exception as ex:  # noqa: BLE001 - turned into EncodeError with a path below
+            if paused:
+                _gc_enable()
+                paused = False
             del out[start:]
             cv.traced(self.spec, version)
             trace: list[tuple[str, int, str]] = []
@@ -204,6 +318,9 @@ class MessageCodec:
                 raise EncodeError(reason, f"{self.spec.name}.{path}" if path else self.spec.name) \
                     from None
             raise EncodeError(f"{type(ex).__name__}: {ex}", self.spec.name) from None
+        finally:
+            if paused:
+                _gc_enable()
 
     def peek_field(self, buf: bytes, version: int, pos: int, name: str) -> Any:
         """Read one top-level field without decoding the whole message: only the
@@ -231,8 +348,9 @@ class MessageCodec:
 
 
 def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int) -> tuple[Any, int]:
-    from .compiler import FIXED, read_uvarint
     import struct as _st
+
+    from .compiler import FIXED, read_uvarint
 
     try:
         if f.type in FIXED and not f.is_array and f.encoding_in(version) == "fixed":
@@ -261,7 +379,11 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int) -> tupl
                       path=f.name)
 
 
-from struct import error as _struct_error  # noqa: E402
+from struct import error as _struct_error
+
+# what generated decoders may raise on malformed input; all become DecodeError
+_DECODE_FAILURES = (DecodeError, IndexError, ValueError, OverflowError, MemoryError,
+                    RecursionError, _struct_error, TypeError, KeyError, AttributeError)
 
 
 def _path(trace: list[tuple[str, int, str]]) -> str:
@@ -314,7 +436,7 @@ class SpecRegistry:
                 self.add_text(text, name)
 
     @classmethod
-    def load(cls, paths: Iterable[str] = (), **kw: Any) -> "SpecRegistry":
+    def load(cls, paths: Iterable[str] = (), **kw: Any) -> SpecRegistry:
         """Load the search path (see :func:`search_path` for keyword arguments).
 
         Raises:
@@ -325,10 +447,7 @@ class SpecRegistry:
     def add_text(self, text: str, source: str) -> MessageSpec | None:
         """Parse one spec file's text and add it unless a message of that name is
         already loaded (earlier sources win). Returns the spec added, or ``None``."""
-        try:
-            doc = json5.loads(text)
-        except ValueError as e:
-            raise SpecError(f"not valid JSON: {e}", source) from None
+        doc = load_spec_document(text, source)
         spec = parse_message_spec(doc, source)
         return self.add(spec)
 

@@ -274,10 +274,10 @@ class _Context:
         return SpecError(reason, self.source, path or None)
 
     def common_struct(self, cname: str, path: str) -> StructSpec:
-        if cname in self.structs:
-            return self.structs[cname]
         if cname in self._building:
             raise self.err(f"common struct {cname} refers to itself", path)
+        if cname in self.structs:
+            return self.structs[cname]
         cs = self.common_docs[cname]
         versions = _versions(cs.get("versions"), self.source, path, "versions", default=ALL)
         self._building.add(cname)

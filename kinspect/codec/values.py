@@ -223,7 +223,13 @@ def _from_plain(f: FieldSpec, v: Any, where: str) -> Any:
 
 
 def struct_class(spec: StructSpec) -> type[Struct]:
-    """The value class of a struct spec, created once and cached on the spec."""
+    """The value class of a struct spec, created once and cached on the spec.
+
+    The class gets a generated keyword-only ``__init__`` (one parameter per spec
+    field plus ``unknown_tags``; omitted fields take fresh defaults), so building
+    values, including the default structs a decoder fills in for absent fields,
+    costs one plain Python call.
+    """
     if spec.cls is not None:
         return spec.cls
     names = tuple(f.name for f in spec.fields)
@@ -233,5 +239,51 @@ def struct_class(spec: StructSpec) -> type[Struct]:
     for f in spec.fields:
         if f.struct is not None:
             struct_class(f.struct)
+    init = _generated_init(spec)
+    if init is not None:
+        cls.__init__ = init
     return cls
 
+
+_IMMUTABLE = (type(None), bool, int, float, str, bytes)
+
+
+def _generated_init(spec: StructSpec):
+    """A fast ``__init__`` for the struct's class, or ``None`` when the field names
+    cannot be Python parameters (the generic ``Struct.__init__`` is kept then)."""
+    import keyword
+
+    names = [f.name for f in spec.fields]
+    if any(keyword.iskeyword(n) or n in ("unknown_tags", "_s_", "_U_") or n.startswith("_d_")
+           for n in names):
+        return None
+    ns: dict[str, Any] = {"_U_": _UNSET, "_dict": dict}
+    params, body = [], []
+    for f in spec.fields:
+        n = f.name
+        if f.is_array:
+            params.append(f"{n}=_U_")
+            dflt = "None" if f.default_text == "null" else "[]"
+            body.append(f"_s_.{n} = {dflt} if {n} is _U_ else {n}")
+        elif f.struct is not None:
+            params.append(f"{n}=_U_")
+            if f.default_text == "null":
+                body.append(f"_s_.{n} = None if {n} is _U_ else {n}")
+            else:
+                ns[f"_d_{n}"] = f.struct.cls
+                body.append(f"_s_.{n} = _d_{n}() if {n} is _U_ else {n}")
+        elif type(f.default) in _IMMUTABLE:
+            ns[f"_d_{n}"] = f.default
+            params.append(f"{n}=_d_{n}")
+            body.append(f"_s_.{n} = {n}")
+        else:  # pragma: no cover - every primitive default is immutable
+            return None
+    params.append("unknown_tags=None")
+    body.append("_s_._unknown = _dict(unknown_tags) if unknown_tags else None")
+    body.append("_s_._present = None")
+    src = f"def __init__(_s_, *, {', '.join(params)}):\n    " + "\n    ".join(body) + "\n"
+    exec(compile(src, f"<kinspect {spec.name}.__init__>", "exec"), ns)
+    fn = ns["__init__"]
+    fn.__qualname__ = f"{spec.name}.__init__"
+    fn.__doc__ = f"Build a {spec.name}; omitted fields take their spec defaults."
+    return fn

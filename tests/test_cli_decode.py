@@ -1,0 +1,283 @@
+"""`kinspect decode` / `kinspect encode`: single frames (raw, hex, base64, with or
+without the size prefix, json or tree) and JSON Lines batches, both ways."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import struct
+import subprocess
+import sys
+
+import pytest
+
+from kinspect.cli import main
+from kinspect.codec import Codec, Request, Response
+
+CODEC = Codec()
+REG = CODEC.registry
+
+
+def _request(api_key, version, body, corr, client_id="cli-test"):
+    hv = CODEC.request_header_version(api_key, version)
+    return CODEC.encode_request(Request(api_key, version, corr, client_id, hv, None, body, 0, ""))
+
+
+def _response(api_key, version, body, corr):
+    hv = CODEC.response_header_version(api_key, version)
+    return CODEC.encode_response(Response(api_key, version, corr, hv, None, body, 0, "", version))
+
+
+def _metadata_pair(corr=11):
+    rq = REG.codec("MetadataRequest")
+    topic = rq.spec.struct.field("Topics").struct.cls
+    req = _request(3, 12, rq.cls(Topics=[topic(Name="orders", TopicId=bytes(16))],
+                                 AllowAutoTopicCreation=False), corr)
+    rs = REG.codec("MetadataResponse")
+    T = rs.spec.struct.field("Topics").struct
+    P = T.field("Partitions").struct
+    B = rs.spec.struct.field("Brokers").struct
+    body = rs.cls(Brokers=[B.cls(NodeId=1, Host="127.0.0.1", Port=9092)], ClusterId="c1",
+                  ControllerId=1, Topics=[T.cls(Name="orders", TopicId=b"\x01" * 16, Partitions=[
+                      P.cls(PartitionIndex=0, LeaderId=1, ReplicaNodes=[1], IsrNodes=[1])])])
+    return req, _response(3, 12, body, corr)
+
+
+def _api_versions_pair(corr):
+    rq = REG.codec("ApiVersionsRequest")
+    req = _request(18, 3, rq.cls(ClientSoftwareName="kinspect", ClientSoftwareVersion="0"), corr)
+    rs = REG.codec("ApiVersionsResponse")
+    av = rs.spec.struct.field("ApiKeys").struct.cls
+    resp = _response(18, 3, rs.cls(ApiKeys=[av(ApiKey=3, MinVersion=0, MaxVersion=12)]), corr)
+    return req, resp
+
+
+def run_cli(*args, stdin: bytes = b""):
+    return subprocess.run([sys.executable, "-m", "kinspect", *args], input=stdin,
+                          capture_output=True, timeout=120)
+
+
+# ---------------------------------------------------------------------------
+# single frames
+
+
+def test_raw_frame_on_stdin_with_size_prefix_round_trips():
+    req, _ = _metadata_pair()
+    proc = run_cli("decode", stdin=struct.pack(">i", len(req)) + req)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["type"] == "request" and doc["api"] == "Metadata" and doc["api_version"] == 12
+    assert doc["correlation_id"] == 11 and doc["header"]["ClientId"] == "cli-test"
+    assert doc["body"]["Topics"][0]["Name"] == "orders"
+    back = run_cli("encode", stdin=proc.stdout)
+    assert back.returncode == 0, back.stderr
+    assert back.stdout == req
+    prefixed = run_cli("encode", "--size-prefix", stdin=proc.stdout)
+    assert prefixed.stdout == struct.pack(">i", len(req)) + req
+
+
+def test_hex_and_base64_input(tmp_path, capsys):
+    req, _ = _metadata_pair()
+    (tmp_path / "f.hex").write_text(" ".join(f"{b:02x}" for b in req) + "\n")
+    (tmp_path / "f.b64").write_text(base64.b64encode(req).decode())
+    assert main(["decode", "--hex", str(tmp_path / "f.hex")]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["decode", "--base64", str(tmp_path / "f.b64"), "--size-prefix", "no"]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert a == b and a["body"]["AllowAutoTopicCreation"] is False
+    (tmp_path / "f.json").write_text(json.dumps(a))
+    assert main(["encode", "--hex", str(tmp_path / "f.json")]) == 0
+    assert capsys.readouterr().out.strip() == req.hex()
+    assert main(["encode", "--base64", str(tmp_path / "f.json")]) == 0
+    assert base64.b64decode(capsys.readouterr().out) == req
+
+
+def test_size_prefix_yes_requires_a_matching_prefix(tmp_path, capsys):
+    req, _ = _metadata_pair()
+    (tmp_path / "f.bin").write_bytes(req)
+    assert main(["decode", str(tmp_path / "f.bin"), "--size-prefix", "yes"]) == 1
+    assert "size prefix" in capsys.readouterr().err
+    (tmp_path / "g.bin").write_bytes(struct.pack(">i", len(req)) + req)
+    assert main(["decode", str(tmp_path / "g.bin"), "--size-prefix", "yes"]) == 0
+
+
+def test_response_typed_by_api_key_or_by_request_file(tmp_path, capsys):
+    req, resp = _metadata_pair()
+    (tmp_path / "req.bin").write_bytes(req)
+    (tmp_path / "resp.bin").write_bytes(resp)
+    assert main(["decode", str(tmp_path / "resp.bin"), "--api-key", "Metadata",
+                 "--api-version", "12"]) == 0
+    a = json.loads(capsys.readouterr().out)
+    assert main(["decode", str(tmp_path / "resp.bin"), "--request", str(tmp_path / "req.bin")]) == 0
+    b = json.loads(capsys.readouterr().out)
+    assert main(["decode", str(tmp_path / "resp.bin"), "--api-key", "3",
+                 "--api-version", "12"]) == 0
+    c = json.loads(capsys.readouterr().out)
+    assert a == b == c
+    assert a["type"] == "response" and a["header_version"] == 1
+    assert a["body"]["Brokers"][0]["Host"] == "127.0.0.1"
+    (tmp_path / "resp.json").write_text(json.dumps(a))
+    out = tmp_path / "again.bin"
+    assert main(["encode", str(tmp_path / "resp.json"), "-o", str(out)]) == 0
+    assert out.read_bytes() == resp
+
+
+def test_response_without_its_type_is_an_error(tmp_path, capsys):
+    _, resp = _metadata_pair()
+    (tmp_path / "resp.bin").write_bytes(resp)
+    assert main(["decode", str(tmp_path / "resp.bin"), "--response"]) == 1
+    assert "--api-key" in capsys.readouterr().err
+
+
+def test_tree_format(tmp_path, capsys):
+    _, resp = _metadata_pair()
+    (tmp_path / "resp.bin").write_bytes(resp)
+    assert main(["decode", str(tmp_path / "resp.bin"), "--api-key", "Metadata",
+                 "--api-version", "12", "--format", "tree"]) == 0
+    out = capsys.readouterr().out
+    assert "Response Metadata v12" in out and "correlation id 11" in out
+    assert "Topics [1]" in out and "Name = 'orders'" in out and "Port = 9092" in out
+    assert "TopicId = AQEBAQEBAQEBAQEBAQEBAQ" in out  # Kafka's text form of the uuid
+
+
+def test_decode_error_prints_path_and_offset(tmp_path):
+    req, _ = _metadata_pair()
+    (tmp_path / "cut.bin").write_bytes(req[:-5])
+    proc = run_cli("decode", str(tmp_path / "cut.bin"))
+    assert proc.returncode != 0
+    err = proc.stderr.decode()
+    assert "Metadata v12" in err and "path Topics[0]" in err and "offset" in err
+    assert proc.stdout == b""
+
+
+def test_encode_error_is_reported(tmp_path, capsys):
+    req, _ = _metadata_pair()
+    assert main(["decode", "--size-prefix", "no", "-o", str(tmp_path / "d.json"),
+                 _write(tmp_path / "f.bin", req)]) == 0
+    doc = json.loads((tmp_path / "d.json").read_text())
+    doc["body"]["Topics"][0]["Name"] = 5
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    assert main(["encode", str(tmp_path / "bad.json")]) == 1
+    assert "Name" in capsys.readouterr().err
+
+
+def _write(path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
+# ---------------------------------------------------------------------------
+# JSON Lines batches
+
+
+def _batch_lines() -> list[dict]:
+    md_req, md_resp = _metadata_pair(corr=5)
+    av_req, av_resp = _api_versions_pair(corr=5)  # same correlation id, other connection
+    b64 = lambda b: base64.b64encode(b).decode()
+    return [
+        {"type": "session", "kinspect": "test", "start_ns": 1},
+        {"type": "frame", "conn": 1, "dir": "req", "frame": b64(md_req), "ts_ns": 10},
+        {"type": "frame", "conn": 2, "dir": "req", "frame": b64(av_req), "ts_ns": 11},
+        {"type": "frame", "conn": 2, "dir": "resp", "frame": b64(av_resp), "ts_ns": 12},
+        {"type": "frame", "conn": 1, "dir": "resp", "frame": b64(md_resp), "ts_ns": 13,
+         "flags": ["x"]},
+        # a response whose request is not in the file, typed by its own keys
+        {"type": "frame", "conn": 3, "dir": "resp", "frame": b64(md_resp), "api_key": 3,
+         "api_version": 12},
+        # a response nobody can type, and a truncated request
+        {"conn": 4, "dir": "resp", "frame": b64(md_resp)},
+        {"conn": 4, "dir": "req", "frame": b64(md_req[:-3]), "note": "cut"},
+        {"type": "conn", "event": "close", "conn": 1},
+    ]
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_jsonl_decode_then_encode_reproduces_the_lines(tmp_path, capsys, gz):
+    lines = _batch_lines()
+    text = "".join(json.dumps(x) + "\n" for x in lines)
+    src = tmp_path / ("in.jsonl.gz" if gz else "in.jsonl")
+    if gz:
+        src.write_bytes(gzip.compress(text.encode()))
+    else:
+        src.write_text(text)
+    dec = tmp_path / "dec.jsonl"
+    assert main(["decode", "--jsonl", str(src), "-o", str(dec)]) == 0
+    assert "7 frames, 2 errors" in capsys.readouterr().err
+    out = [json.loads(x) for x in dec.read_text().splitlines()]
+    assert len(out) == len(lines)
+    assert out[0] == lines[0] and out[-1] == lines[-1]       # non-frame lines pass through
+    assert out[1]["decoded"]["api"] == "Metadata" and "frame" not in out[1]
+    assert list(out[1]) == ["type", "conn", "dir", "decoded", "ts_ns"]  # in frame's place
+    assert out[3]["decoded"]["api"] == "ApiVersions"          # typed by conn 2's request
+    assert out[3]["decoded"]["header_version"] == 0
+    assert out[4]["decoded"]["api"] == "Metadata" and out[4]["flags"] == ["x"]
+    assert out[4]["decoded"]["body"]["Topics"][0]["Name"] == "orders"
+    assert out[5]["decoded"]["type"] == "response"
+    assert "correlation id 5" in out[6]["error"]["error"] and out[6]["frame"] == lines[6]["frame"]
+    assert out[7]["error"]["api"] == "Metadata" and out[7]["error"]["path"]
+    assert out[7]["note"] == "cut"
+    enc = tmp_path / "enc.jsonl"
+    assert main(["encode", "--jsonl", str(dec), "-o", str(enc)]) == 0
+    assert "5 frames, 0 errors" in capsys.readouterr().err
+    assert enc.read_text() == text
+
+
+def test_jsonl_on_stdin_and_stdout():
+    lines = _batch_lines()[1:5]
+    text = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    proc = run_cli("decode", "--jsonl", "-", stdin=text)
+    assert proc.returncode == 0, proc.stderr
+    decoded = proc.stdout.decode().splitlines()
+    assert [json.loads(x)["decoded"]["api"] for x in decoded] == \
+        ["Metadata", "ApiVersions", "ApiVersions", "Metadata"]
+    back = run_cli("encode", "--jsonl", "-", stdin=proc.stdout)
+    assert back.returncode == 0 and back.stdout == text
+
+
+def test_jsonl_bad_lines_do_not_stop_the_run(tmp_path, capsys):
+    src = tmp_path / "in.jsonl"
+    req, _ = _metadata_pair()
+    src.write_text("not json\n" + json.dumps({"conn": 1, "dir": "sideways",
+                                               "frame": base64.b64encode(req).decode()}) + "\n"
+                   + json.dumps({"conn": 1, "dir": "req", "frame": "!!"}) + "\n"
+                   + json.dumps({"conn": 1, "dir": "req",
+                                 "frame": base64.b64encode(req).decode()}) + "\n")
+    assert main(["decode", "--jsonl", str(src)]) == 0
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert "not JSON" in out[0]["error"]["error"] and out[0]["line"] == 1
+    assert "dir" in out[1]["error"]["error"]
+    assert "error" in out[2]
+    assert out[3]["decoded"]["api"] == "Metadata"
+
+
+def test_jsonl_encode_reports_bad_values_per_line(tmp_path, capsys):
+    req, _ = _metadata_pair()
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"conn": 1, "dir": "req", "frame": base64.b64encode(req).decode()}))
+    dec = tmp_path / "dec.jsonl"
+    assert main(["decode", "--jsonl", str(src), "-o", str(dec)]) == 0
+    rec = json.loads(dec.read_text())
+    bad = json.loads(json.dumps(rec))
+    bad["decoded"]["body"]["Topics"] = "oops"
+    dec.write_text(json.dumps(bad) + "\n" + json.dumps(rec) + "\n")
+    capsys.readouterr()
+    assert main(["encode", "--jsonl", str(dec)]) == 0
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert "error" in out[0] and "decoded" in out[0]
+    assert base64.b64decode(out[1]["frame"]) == req
+
+
+def test_api_versions_error_body_decoded_as_v0_round_trips(tmp_path, capsys):
+    rs = REG.codec("ApiVersionsResponse")
+    av = rs.spec.struct.field("ApiKeys").struct.cls
+    body = rs.encode(rs.cls(ErrorCode=35, ApiKeys=[av(ApiKey=18, MinVersion=0, MaxVersion=3)]), 0)
+    frame = struct.pack(">i", 99) + body
+    src = _write(tmp_path / "resp.bin", frame)
+    assert main(["decode", src, "--api-key", "ApiVersions", "--api-version", "4"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["api_version"] == 4 and doc["body_version"] == 0
+    assert doc["body"]["ErrorCode"] == 35
+    (tmp_path / "resp.json").write_text(json.dumps(doc))
+    assert main(["encode", str(tmp_path / "resp.json"), "--hex"]) == 0
+    assert capsys.readouterr().out.strip() == frame.hex()

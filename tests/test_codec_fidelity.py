@@ -1,0 +1,627 @@
+"""Fidelity: every feature of the message-definition format behaves as Kafka's
+generator does. Expected bytes are written by hand from the protocol guide
+(kafka.apache.org/protocol: "Protocol Primitive Types") and KIP-482/KIP-893, not
+taken from kinspect's own output.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+
+import pytest
+from codec_util import corpus_codec, corpus_registry, h, inline
+
+from kinspect.codec import DecodeError, EncodeError, SpecError
+from kinspect.codec.compiler import read_uvarint, write_uvarint
+
+# ---------------------------------------------------------------------------
+# primitives
+
+PRIMS = {
+    "name": "PrimsData", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+    "fields": [
+        {"name": "Bool", "type": "bool", "versions": "0+"},
+        {"name": "I8", "type": "int8", "versions": "0+"},
+        {"name": "I16", "type": "int16", "versions": "0+"},
+        {"name": "U16", "type": "uint16", "versions": "0+"},
+        {"name": "I32", "type": "int32", "versions": "0+"},
+        {"name": "U32", "type": "uint32", "versions": "0+"},
+        {"name": "I64", "type": "int64", "versions": "0+"},
+        {"name": "F64", "type": "float64", "versions": "0+"},
+        {"name": "Str", "type": "string", "versions": "0+"},
+        {"name": "Id", "type": "uuid", "versions": "0+"},
+        {"name": "Raw", "type": "bytes", "versions": "0+"},
+        {"name": "Recs", "type": "records", "versions": "0+", "nullableVersions": "0+"},
+        {"name": "Ints", "type": "[]int32", "versions": "0+"},
+        {"name": "Strs", "type": "[]string", "versions": "0+"},
+    ],
+}
+
+PRIM_VALUES = dict(Bool=True, I8=-2, I16=-2, U16=65535, I32=0x01020304, U32=4294967295, I64=-1,
+                   F64=1.5, Str="hé", Id=bytes(range(16)), Raw=b"\x00\xff", Recs=None,
+                   Ints=[1, -1], Strs=["a"])
+
+FIXED_PART = h("01 | fe | ff fe | ff ff | 01 02 03 04 | ff ff ff ff | ff ff ff ff ff ff ff ff |"
+               "3f f8 00 00 00 00 00 00")
+ID = bytes(range(16)).hex()
+
+
+def test_primitives_v0_match_the_protocol_guide():
+    c = inline(PRIMS)
+    want = FIXED_PART + h(
+        "00 03 68 c3 a9 |" + ID + "| 00 00 00 02 00 ff | ff ff ff ff |"
+        "00 00 00 02 00 00 00 01 ff ff ff ff | 00 00 00 01 00 01 61")
+    value = c.cls(**PRIM_VALUES)
+    assert c.encode(value, 0) == want
+    assert c.decode(want, 0) == value
+
+
+def test_primitives_v1_use_compact_forms_and_a_tag_section():
+    c = inline(PRIMS)
+    want = FIXED_PART + h(
+        "04 68 c3 a9 |" + ID + "| 03 00 ff | 00 | 03 00 00 00 01 ff ff ff ff | 02 02 61 | 00")
+    value = c.cls(**PRIM_VALUES)
+    assert c.encode(value, 1) == want
+    back = c.decode(want, 1)
+    assert back == value and back.Str == "hé" and back.Recs is None
+
+
+def test_bool_decodes_any_nonzero_byte_as_true():
+    """Kafka reads a boolean as ``readByte() != 0``."""
+    c = inline({"name": "B", "type": "data", "validVersions": "0", "flexibleVersions": "none",
+                "fields": [{"name": "X", "type": "bool", "versions": "0+"}]})
+    assert c.decode(b"\x00", 0).X is False
+    assert c.decode(b"\x01", 0).X is True
+    assert c.decode(b"\x02", 0).X is True
+
+
+@pytest.mark.parametrize("n,wire", [(0, "00"), (1, "01"), (127, "7f"), (128, "80 01"),
+                                    (300, "ac 02"), (16383, "ff 7f"), (16384, "80 80 01"),
+                                    (2**32 - 1, "ff ff ff ff 0f")])
+def test_unsigned_varint(n, wire):
+    out = bytearray()
+    write_uvarint(out, n)
+    assert bytes(out) == h(wire)
+    assert read_uvarint(h(wire) + b"\x99", 0) == (n, len(h(wire)))
+
+
+def test_long_compact_string_length_is_a_multibyte_varint():
+    c = inline(PRIMS)
+    value = c.cls(**{**PRIM_VALUES, "Str": "x" * 200})
+    raw = c.encode(value, 1)
+    i = len(FIXED_PART)
+    assert raw[i:i + 2] == h("c9 01")  # 201 = 200 + 1
+    assert c.decode(raw, 1).Str == "x" * 200
+
+
+@pytest.mark.parametrize("field,bad", [("I8", 128), ("I8", -129), ("U16", -1), ("U16", 65536),
+                                       ("U32", -1), ("U32", 2**32), ("I64", 2**63),
+                                       ("I32", "1"), ("Bool", None), ("Str", None),
+                                       ("Raw", None), ("Ints", None), ("Str", 5)])
+def test_out_of_range_or_wrong_type_raises_encode_error_with_path(field, bad):
+    c = inline(PRIMS)
+    value = c.cls(**{**PRIM_VALUES, field: bad})
+    with pytest.raises(EncodeError) as ei:
+        c.encode(value, 1)
+    assert ei.value.path == f"PrimsData.{field}"
+
+
+def test_int_array_element_out_of_range_names_the_field():
+    c = inline(PRIMS)
+    with pytest.raises(EncodeError) as ei:
+        c.encode(c.cls(**{**PRIM_VALUES, "Ints": [1, 2**31]}), 0)
+    assert "Ints" in ei.value.path
+
+
+def test_float64_special_values_round_trip():
+    c = inline(PRIMS)
+    for f in (math.inf, -math.inf, -0.0, 5e-324):
+        back = c.decode(c.encode(c.cls(**{**PRIM_VALUES, "F64": f}), 0), 0)
+        assert back.F64 == f and math.copysign(1, back.F64) == math.copysign(1, f)
+    nan = c.decode(c.encode(c.cls(**{**PRIM_VALUES, "F64": math.nan}), 0), 0)
+    assert math.isnan(nan.F64)
+
+
+# ---------------------------------------------------------------------------
+# validVersions, flexibleVersions (message and field level)
+
+def test_versions_outside_valid_versions_are_rejected():
+    c = inline(PRIMS)
+    with pytest.raises(EncodeError):
+        c.encode(c.cls(**PRIM_VALUES), 2)
+    with pytest.raises(DecodeError) as ei:
+        c.decode(b"", 2)
+    assert ei.value.version == 2
+
+
+def test_field_level_flexible_versions_override_the_message():
+    """A string with ``"flexibleVersions": "none"`` keeps its int16 length in a
+    flexible version (RequestHeader ClientId, KIP-482)."""
+    c = inline({"name": "F", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+                "fields": [
+                    {"name": "A", "type": "string", "versions": "0+", "flexibleVersions": "none"},
+                    {"name": "B", "type": "bytes", "versions": "0+", "flexibleVersions": "0+"}]})
+    v = c.cls(A="ab", B=b"\x07")
+    assert c.encode(v, 0) == h("00 02 61 62 | 02 07")
+    assert c.encode(v, 1) == h("00 02 61 62 | 02 07 | 00")
+    assert c.decode(h("00 02 61 62 | 02 07 | 00"), 1) == v
+
+
+def test_request_header_client_id_is_a_non_compact_nullable_string():
+    codec = corpus_codec()
+    hdr = codec.registry.header("RequestHeader")
+    value = hdr.cls(RequestApiKey=18, RequestApiVersion=3, CorrelationId=7, ClientId="kp")
+    assert hdr.encode(value, 2) == h("00 12 | 00 03 | 00 00 00 07 | 00 02 6b 70 | 00")
+    assert hdr.encode(value, 1) == h("00 12 | 00 03 | 00 00 00 07 | 00 02 6b 70")
+    value.ClientId = None
+    assert hdr.encode(value, 2) == h("00 12 | 00 03 | 00 00 00 07 | ff ff | 00")
+
+
+# ---------------------------------------------------------------------------
+# nullableVersions
+
+NULLS = {
+    "name": "NullsData", "type": "data", "validVersions": "0-2", "flexibleVersions": "2+",
+    "fields": [
+        {"name": "S", "type": "string", "versions": "0+", "nullableVersions": "1+"},
+        {"name": "B", "type": "bytes", "versions": "0+", "nullableVersions": "1+"},
+        {"name": "A", "type": "[]int16", "versions": "0+", "nullableVersions": "1+"},
+        {"name": "R", "type": "records", "versions": "0+", "nullableVersions": "1+"},
+        {"name": "T", "type": "[]Elem", "versions": "0+", "nullableVersions": "1+",
+         "fields": [{"name": "X", "type": "int8", "versions": "0+"}]},
+    ],
+}
+
+
+def test_nulls_in_nullable_versions():
+    c = inline(NULLS)
+    v = c.cls(S=None, B=None, A=None, R=None, T=None)
+    assert c.encode(v, 1) == h("ff ff | ff ff ff ff | ff ff ff ff | ff ff ff ff | ff ff ff ff")
+    assert c.encode(v, 2) == h("00 00 00 00 00 | 00")
+    assert c.decode(h("00 00 00 00 00 00"), 2) == v
+
+
+@pytest.mark.parametrize("field", ["S", "B", "A", "R", "T"])
+def test_null_in_a_non_nullable_version_is_an_encode_error(field):
+    c = inline(NULLS)
+    v = c.cls(S="", B=b"", A=[], R=b"", T=[])
+    setattr(v, field, None)
+    with pytest.raises(EncodeError) as ei:
+        c.encode(v, 0)
+    assert field in ei.value.path
+
+
+@pytest.mark.parametrize("wire,path", [
+    ("ff ff | 00 00 00 00 | 00 00 00 00 | 00 00 00 00 | 00 00 00 00", "S"),
+    ("00 00 | ff ff ff ff | 00 00 00 00 | 00 00 00 00 | 00 00 00 00", "B"),
+    ("00 00 | 00 00 00 00 | ff ff ff ff | 00 00 00 00 | 00 00 00 00", "A"),
+    ("00 00 | 00 00 00 00 | 00 00 00 00 | ff ff ff ff | 00 00 00 00", "R"),
+    ("00 00 | 00 00 00 00 | 00 00 00 00 | 00 00 00 00 | ff ff ff ff", "T"),
+])
+def test_null_on_the_wire_in_a_non_nullable_version_is_a_decode_error(wire, path):
+    c = inline(NULLS)
+    with pytest.raises(DecodeError) as ei:
+        c.decode(h(wire), 0)
+    assert ei.value.path == path
+
+
+def test_empty_values_differ_from_null():
+    c = inline(NULLS)
+    v = c.cls(S="", B=b"", A=[], R=b"", T=[])
+    assert c.encode(v, 2) == h("01 01 01 01 01 | 00")
+    assert c.decode(c.encode(v, 1), 1) == v
+
+
+# ---------------------------------------------------------------------------
+# KIP-893 nullable structs (NullableStructMessage from Kafka's generator tests)
+
+def _nsm():
+    return corpus_registry().codec("NullableStructMessage")
+
+
+def _my(c, name, s, i):
+    return c.spec.struct.field(name).struct.cls(MyString=s, MyInt=i)
+
+
+def test_nullable_struct_defaults_match_the_generator():
+    c = _nsm()
+    m = c.cls()
+    assert m.NullableStruct is None                      # default "null"
+    assert m.NullableStruct2 == _my(c, "NullableStruct2", "", 0)
+    assert m.NullableStruct3 is None                     # tagged, default "null"
+    assert m.NullableStruct4 == _my(c, "NullableStruct4", "", 0)
+    assert c.decode(c.encode(m, 2), 2) == m
+
+
+def test_non_tagged_nullable_struct_has_an_int8_marker():
+    c = _nsm()
+    m = c.cls()
+    # v0: NullableStruct nullable (marker ff), NullableStruct2 not nullable (no marker)
+    assert c.encode(m, 0) == h("ff | 00 00 | 00 00 00 00")
+    m.NullableStruct = _my(c, "NullableStruct", "1", 1)
+    assert c.encode(m, 0) == h("01 00 01 31 00 00 00 01 | 00 00 00 00 00 00")
+    # v1 (flexible): markers stay int8; struct bodies get compact strings + tag sections
+    m.NullableStruct2 = None
+    assert c.encode(m, 1) == h("01 02 31 00 00 00 01 00 | ff | 00")
+    m.NullableStruct2 = _my(c, "NullableStruct2", "2", 2)
+    raw = c.encode(m, 1)
+    assert raw == h("01 02 31 00 00 00 01 00 | 01 02 32 00 00 00 02 00 | 00")
+    assert c.decode(raw, 1) == m
+
+
+def test_nullable_struct_cannot_be_null_before_its_nullable_versions():
+    c = _nsm()
+    m = c.cls(NullableStruct2=None)
+    with pytest.raises(EncodeError) as ei:
+        c.encode(m, 0)
+    assert "NullableStruct2" in ei.value.path
+
+
+def test_tagged_nullable_structs_have_a_uvarint_marker():
+    c = _nsm()
+    # NullableStruct3: tagged, default null -> written only when present (marker 1)
+    m = c.cls(NullableStruct3=_my(c, "NullableStruct3", "3", 3))
+    assert c.encode(m, 1) == h("ff | 01 01 00 00 00 00 00 | 01 | 00 08 | 01 02 33 00 00 00 03 00")
+    # NullableStruct4: tagged, non-null default -> null is written (marker 0)
+    m = c.cls(NullableStruct4=None)
+    raw = c.encode(m, 1)
+    assert raw == h("ff | 01 01 00 00 00 00 00 | 01 | 01 01 00")
+    back = c.decode(raw, 1)
+    assert back.NullableStruct4 is None and back == m
+    # and a non-default value is written with marker 1
+    m = c.cls(NullableStruct4=_my(c, "NullableStruct4", "4", 4))
+    assert c.encode(m, 1) == h("ff | 01 01 00 00 00 00 00 | 01 | 01 08 01 02 34 00 00 00 04 00")
+
+
+@pytest.mark.parametrize("wire", ["02 00 00 00 00 00 00", "80 00 00 00 00 00 00"])
+def test_invalid_non_tagged_marker_is_a_decode_error(wire):
+    with pytest.raises(DecodeError) as ei:
+        _nsm().decode(h(wire), 0)
+    assert ei.value.path == "NullableStruct" and ei.value.offset == 0
+
+
+def test_invalid_tagged_marker_is_a_decode_error():
+    with pytest.raises(DecodeError) as ei:
+        _nsm().decode(h("ff ff | 01 | 01 01 02"), 1)
+    assert "NullableStruct4" in (ei.value.path or "")
+
+
+def test_all_null_round_trip():
+    c = _nsm()
+    m = c.cls(NullableStruct=None, NullableStruct2=None, NullableStruct3=None,
+              NullableStruct4=None)
+    back = c.decode(c.encode(m, 2), 2)
+    assert back == m and back.NullableStruct4 is None
+
+
+# ---------------------------------------------------------------------------
+# tagged fields (SimpleExampleMessage from Kafka's generator tests)
+
+def _sem():
+    return corpus_registry().codec("SimpleExampleMessage")
+
+
+COMMON = "00 00 00 7b 00 00 00 7b"
+# v1 defaults: processId, zeroCopyByteBuffer, nullableZeroCopyByteBuffer, two common
+# structs with tag sections, myUint16 = 33000, myUint32 = 1234567, then the tag section
+SEM_V1_HEAD = "00" * 16 + "| 01 | 01 |" + COMMON + "00 |" + COMMON + "00 | 80 e8 | 00 12 d6 87"
+
+
+def test_simple_example_defaults():
+    c = _sem()
+    m = c.cls()
+    assert m.myInt16 == 123 and m.myFloat64 == 12.34 and m.myNullableString is None
+    assert m.taggedLong == 0x0CAFCACAFCACAFCA  # hex default
+    assert m.taggedUuid == base64.urlsafe_b64decode("H3KKO4NTRPaCWtEmm3vW7A==")
+    assert m.myUint16 == 33000 and m.myUint32 == 1234567
+    assert m.myCommonStruct.foo == 123 and m.myOtherCommonStruct.bar == 123
+    assert m.myTaggedIntArray == [] and m.myBytes == b"" and m.myString == ""
+    assert c.encode(m, 0) == h(COMMON + COMMON)
+    assert c.encode(m, 1) == h(SEM_V1_HEAD + "| 00")
+
+
+@pytest.mark.parametrize("field,value,tags", [
+    ("myTaggedIntArray", [1], "01 | 00 05 02 00 00 00 01"),
+    ("myNullableString", "ab", "01 | 01 03 03 61 62"),
+    ("myNullableString", "", "01 | 01 01 01"),
+    ("myInt16", 124, "01 | 02 02 00 7c"),
+    ("myFloat64", 0.0, "01 | 03 08 00 00 00 00 00 00 00 00"),
+    ("myString", "z", "01 | 04 02 02 7a"),
+    ("myBytes", b"\x43\x66", "01 | 05 03 03 43 66"),
+    ("myBytes", None, "01 | 05 01 00"),  # null in a non-null default is written
+    ("taggedUuid", bytes(16), "01 | 06 10" + "00" * 16),
+    ("taggedLong", 0, "01 | 07 08 00 00 00 00 00 00 00 00"),
+])
+def test_tagged_field_written_only_when_not_default(field, value, tags):
+    c = _sem()
+    m = c.cls(**{field: value})
+    raw = c.encode(m, 1)
+    assert raw == h(SEM_V1_HEAD + "|" + tags)
+    back = c.decode(raw, 1)
+    assert getattr(back, field) == value and back == m
+
+
+def test_tagged_fields_are_written_in_ascending_tag_order():
+    c = _sem()
+    m = c.cls(myString="blah", myTaggedIntArray=[4], taggedLong=0x123443211234432)
+    raw = c.encode(m, 1)
+    assert raw == h(SEM_V1_HEAD + "| 03 | 00 05 02 00 00 00 04 | 04 05 05 62 6c 61 68 |"
+                    "07 08 01 23 44 32 11 23 44 32")
+    assert c.decode(raw, 1) == m
+
+
+def test_tagged_field_at_its_default_on_the_wire_is_kept_losslessly():
+    c = _sem()
+    wire = h(SEM_V1_HEAD + "| 01 | 02 02 00 7b")  # myInt16 = 123 = default, but present
+    m = c.decode(wire, 1)
+    assert m.myInt16 == 123
+    assert c.encode(m, 1) == wire          # decode -> encode is byte-identical
+    assert c.encode(c.cls(), 1) != wire    # a fresh default value omits it (Kafka)
+
+
+def test_tagged_struct_and_unknown_tags_in_nested_structs():
+    c = _sem()
+    spec = c.spec.struct
+    ts = spec.field("myTaggedStruct").struct.cls(structId="abc")
+    m = c.cls(myTaggedStruct=ts)
+    raw = c.encode(m, 2)
+    assert raw.endswith(h("01 | 08 05 04 61 62 63 00"))
+    assert c.decode(raw, 2).myTaggedStruct.structId == "abc"
+    # at v1 the tagged struct does not exist: non-default is not ignorable
+    with pytest.raises(EncodeError):
+        c.encode(m, 1)
+
+
+def test_unknown_tag_bytes_are_visible_and_re_encoded():
+    c = _sem()
+    wire = h(SEM_V1_HEAD + "| 02 | 02 02 00 7c | 0a 03 01 02 03")
+    m = c.decode(wire, 1)
+    assert m.unknown_tags == {10: b"\x01\x02\x03"}
+    assert m.to_dict()["_unknown_tags"] == {"10": "010203"}
+    assert c.encode(m, 1) == wire
+
+
+@pytest.mark.parametrize("tags,why", [
+    ("02 | 05 01 00 | 02 02 00 7c", "out of order"),
+    ("02 | 02 02 00 7c | 02 02 00 7c", "out of order"),
+    ("01 | 02 03 00 7c 00", "declared"),
+    ("01 | 02 09 00 7c", "claims"),
+])
+def test_malformed_tag_sections(tags, why):
+    with pytest.raises(DecodeError) as ei:
+        _sem().decode(h(SEM_V1_HEAD + "|" + tags), 1)
+    assert why in ei.value.reason
+
+
+# ---------------------------------------------------------------------------
+# ignorable
+
+def test_non_ignorable_field_absent_in_version_raises():
+    c = _sem()
+    with pytest.raises(EncodeError) as ei:
+        c.encode(c.cls(processId=b"\x01" * 16), 0)  # processId is 1+
+    assert "processId" in str(ei.value)
+    st = c.spec.struct.field("myStruct").struct.cls(structId=10)
+    with pytest.raises(EncodeError):
+        c.encode(c.cls(myStruct=st), 1)             # myStruct is 2+
+    with pytest.raises(EncodeError):
+        c.encode(c.cls(zeroCopyByteBuffer=b"x"), 2)  # versions "1"
+
+
+def test_ignorable_field_absent_in_version_is_dropped():
+    c = _sem()
+    m = c.cls(taggedLongFlexibleVersionSubset=5)    # ignorable, tagged 2+
+    raw = c.encode(m, 1)
+    assert raw == h(SEM_V1_HEAD + "| 00")
+    assert c.decode(raw, 1).taggedLongFlexibleVersionSubset == 0
+    assert c.decode(c.encode(m, 2), 2).taggedLongFlexibleVersionSubset == 5
+
+
+def test_default_value_in_absent_field_is_fine():
+    c = _sem()
+    assert c.encode(c.cls(processId=bytes(16)), 0) == h(COMMON + COMMON)
+
+
+# ---------------------------------------------------------------------------
+# custom defaults, mapKey, commonStructs, zeroCopy, entityType
+
+def _one(ftype, default, **extra):
+    return inline({"name": "D", "type": "data", "validVersions": "0", "flexibleVersions": "none",
+                   "fields": [{"name": "X", "type": ftype, "versions": "0+", "default": default,
+                               **extra}]})
+
+
+@pytest.mark.parametrize("ftype,default,value", [
+    ("int32", "0x10", 16), ("int32", "0X1f", 31), ("int32", "-0x10", -16), ("int32", "010", 8),
+    ("int32", "#ff", 255), ("int64", "0xcafcacafcacafca", 0x0CAFCACAFCACAFCA),
+    ("int16", "-32768", -32768), ("int8", "0", 0), ("uint16", "65535", 65535),
+    ("bool", "true", True), ("bool", "false", False), ("float64", "1.5", 1.5),
+    ("string", "abc", "abc"), ("int32", 7, 7),
+])
+def test_custom_defaults(ftype, default, value):
+    c = _one(ftype, default)
+    assert c.cls().X == value
+    assert c.spec.fields[0].default == value
+
+
+def test_null_default_needs_nullable_versions():
+    assert _one("string", "null", nullableVersions="0+").cls().X is None
+    with pytest.raises(SpecError) as ei:
+        _one("string", "null")
+    assert ei.value.field == "X" and ei.value.source == "inline.json"
+
+
+@pytest.mark.parametrize("ftype,default", [("int8", "128"), ("uint16", "-1"), ("int32", "x"),
+                                           ("bool", "yes"), ("bytes", "abc"),
+                                           ("[]int32", "1"), ("int32", "0x")])
+def test_invalid_defaults_are_spec_errors(ftype, default):
+    with pytest.raises(SpecError) as ei:
+        _one(ftype, default)
+    assert ei.value.field == "X"
+
+
+def test_map_key_arrays_keep_order_and_duplicates():
+    c = inline({"name": "M", "type": "data", "validVersions": "0", "flexibleVersions": "none",
+                "fields": [{"name": "Items", "type": "[]Item", "versions": "0+", "fields": [
+                    {"name": "Key", "type": "int8", "versions": "0+", "mapKey": True},
+                    {"name": "Val", "type": "int8", "versions": "0+"}]}]})
+    assert c.spec.fields[0].struct.fields[0].map_key is True
+    wire = h("00 00 00 03 | 02 01 | 01 02 | 02 03")
+    m = c.decode(wire, 0)
+    assert [(i.Key, i.Val) for i in m.Items] == [(2, 1), (1, 2), (2, 3)]
+    assert c.encode(m, 0) == wire
+
+
+def test_common_structs_are_shared_types():
+    c = _sem()
+    a = c.spec.struct.field("myCommonStruct").struct
+    b = c.spec.struct.field("myOtherCommonStruct").struct
+    assert a is b and a.cls is b.cls and a.name == "TestCommonStruct"
+    assert "TestCommonStruct" in c.spec.common_structs
+    m = c.cls()
+    m.myCommonStruct.foo = 1
+    assert m.myOtherCommonStruct.foo == 123  # defaults are fresh objects
+
+
+def test_zero_copy_bytes_decode_like_bytes():
+    c = _sem()
+    f = c.spec.struct.field("zeroCopyByteBuffer")
+    assert f.zero_copy
+    m = c.decode(c.encode(c.cls(zeroCopyByteBuffer=b"\x01\x02\x03"), 1), 1)
+    assert bytes(m.zeroCopyByteBuffer) == b"\x01\x02\x03"
+    with pytest.raises(SpecError):
+        _one("int32", "0", zeroCopy=True)
+
+
+def test_entity_types_are_exposed():
+    spec = corpus_registry().messages["MetadataResponse"]
+    assert spec.struct.field("Brokers").struct.field("NodeId").entity_type == "brokerId"
+    assert spec.struct.field("Topics").struct.field("Name").entity_type == "topicName"
+    assert corpus_registry().messages["SimpleRecordsMessage"].fields[0].entity_type == "topicName"
+
+
+def test_records_field():
+    c = corpus_registry().codec("SimpleRecordsMessage")
+    m = c.cls(Topic="t", RecordSet=b"\x00\x01")
+    assert c.encode(m, 0) == h("00 01 74 | 00 00 00 02 00 01")
+    assert c.encode(m, 1) == h("02 74 | 03 00 01 | 00")
+    assert c.decode(h("02 74 | 00 | 00"), 1).RecordSet is None
+
+
+def test_simple_arrays_message_struct_array_versions():
+    c = corpus_registry().codec("SimpleArraysMessage")
+    goat = c.spec.struct.field("Goats").struct.cls
+    m = c.cls(Goats=[goat(Color=1, Name="g")], Sheep=[7])
+    assert c.encode(m, 2) == h("02 | 01 02 67 00 | 02 00 00 00 07 | 00")
+    with pytest.raises(EncodeError):  # Name (2+) is not ignorable
+        c.encode(m, 1)
+    m.Goats[0].Name = ""
+    assert c.encode(m, 1) == h("02 | 01 00 | 02 00 00 00 07 | 00")
+
+
+# ---------------------------------------------------------------------------
+# values: access, repr, dicts
+
+def test_struct_value_api():
+    c = _nsm()
+    m = c.cls(NullableStruct=_my(c, "NullableStruct", "x", 1))
+    assert m["NullableStruct"].MyString == "x"
+    assert "NullableStruct" in m and "Nope" not in m
+    m["NullableStruct3"] = None
+    with pytest.raises(KeyError):
+        m["Nope"]
+    assert repr(m).startswith("NullableStructMessage(NullableStruct=MyStruct(MyString='x'")
+    d = m.to_dict()
+    assert d["NullableStruct"] == {"MyString": "x", "MyInt": 1}
+    assert c.cls.from_dict(d) == m
+    with pytest.raises(EncodeError):
+        c.cls.from_dict({"Nope": 1})
+    with pytest.raises(TypeError):
+        c.cls(Nope=1)
+    assert m.copy() == m and m.copy() is not m
+
+
+def test_to_dict_forms_of_bytes_and_uuids():
+    c = _sem()
+    m = c.cls(processId=bytes(range(16)), myBytes=b"\xff")
+    d = m.to_dict()
+    assert d["myBytes"] == "/w=="
+    assert d["processId"] == base64.urlsafe_b64encode(bytes(range(16))).decode().rstrip("=")
+    assert c.cls.from_dict(d) == m
+
+
+# ---------------------------------------------------------------------------
+# header special cases (GUIDE section 2, items 1-5)
+
+def test_header_versions_follow_flexible_versions():
+    codec = corpus_codec()
+    assert codec.request_header_version(3, 8) == 1 and codec.request_header_version(3, 9) == 2
+    assert codec.response_header_version(3, 8) == 0 and codec.response_header_version(3, 9) == 1
+
+
+def test_api_versions_response_always_uses_header_v0():
+    codec = corpus_codec()
+    assert codec.response_header_version(18, 3) == 0
+    resp_codec = codec.response_codec(18)
+    body = resp_codec.cls(ErrorCode=0, ApiKeys=[], ThrottleTimeMs=0)
+    frame = h("00 00 00 2a") + resp_codec.encode(body, 3)
+    resp = codec.decode_response(frame, 18, 3)
+    assert resp.correlation_id == 42 and resp.header_version == 0 and resp.body == body
+    assert codec.encode_response(resp) == frame
+
+
+def test_controlled_shutdown_v0_request_header_has_no_client_id():
+    codec = corpus_codec()
+    frame = h("00 07 | 00 00 | 00 00 00 05 | 00 00 00 03")  # BrokerId 3
+    req = codec.decode_request(frame)
+    assert req.header_version == 0 and req.client_id is None and req.body.BrokerId == 3
+    assert codec.encode_request(req) == frame
+    frame1 = h("00 07 | 00 01 | 00 00 00 05 | 00 01 63 | 00 00 00 03")
+    req1 = codec.decode_request(frame1)
+    assert req1.header_version == 1 and req1.client_id == "c"
+
+
+def test_flexible_request_header_keeps_a_non_compact_client_id():
+    codec = corpus_codec()
+    body = h("03 6b 70 | 04 31 2e 30 | 00")  # ClientSoftwareName "kp", Version "1.0"
+    frame = h("00 12 | 00 03 | 00 00 00 07 | 00 02 6b 70 | 00") + body
+    req = codec.decode_request(frame)
+    assert req.header_version == 2 and req.client_id == "kp"
+    assert req.body.ClientSoftwareName == "kp" and req.body.ClientSoftwareVersion == "1.0"
+    assert codec.encode_request(req) == frame
+    head = codec.decode_request(frame, body=False)
+    assert head.body is None and head.body_offset == len(frame) - len(body)
+
+
+def test_unsupported_api_versions_request_is_answered_with_a_v0_body():
+    codec = corpus_codec()
+    rc = codec.response_codec(18)
+    av = rc.spec.struct.field("ApiKeys").struct.cls
+    body_v0 = rc.encode(rc.cls(ErrorCode=35, ApiKeys=[av(ApiKey=18, MinVersion=0, MaxVersion=3)]), 0)
+    frame = h("00 00 00 09") + body_v0
+    resp = codec.decode_response(frame, 18, 4)
+    assert resp.body_version == 0 and resp.body.ErrorCode == 35
+    assert resp.body.ApiKeys[0].MaxVersion == 3
+    assert codec.encode_response(resp) == frame
+
+
+def test_unknown_api_key_or_version_is_a_decode_error():
+    codec = corpus_codec()
+    with pytest.raises(DecodeError) as ei:
+        codec.decode_request(h("7f 00 00 00 00 00 00 01 ff ff"))
+    assert "no spec" in ei.value.reason
+    with pytest.raises(DecodeError) as ei:
+        codec.decode_request(h("00 03 00 63 00 00 00 01 ff ff"))
+    assert ei.value.api == "Metadata" and ei.value.version == 99
+
+
+def test_known_tag_outside_its_tagged_versions_is_kept_as_unknown():
+    """taggedLongFlexibleVersionSubset is tag 9 only from v2. At v1 Kafka's reader
+    rejects tag 9 ("Tag 9 is not valid for version 1"); kinspect keeps it as an
+    unknown tagged field so that the frame still re-encodes byte for byte."""
+    c = _sem()
+    wire = h(SEM_V1_HEAD + "| 01 | 09 01 05")
+    m = c.decode(wire, 1)
+    assert m.unknown_tags == {9: b"\x05"} and m.taggedLongFlexibleVersionSubset == 0
+    assert c.encode(m, 1) == wire

@@ -1,0 +1,172 @@
+"""Safety: malformed bytes raise DecodeError carrying api, version, field path and
+byte offset; never IndexError, struct.error, MemoryError or a hang (GUIDE 2.13,
+KAFKA-14063)."""
+
+from __future__ import annotations
+
+import tracemalloc
+
+import pytest
+from codec_util import corpus_codec, corpus_registry, h, inline
+
+from kinspect.codec import DecodeError
+
+
+def _metadata_response():
+    reg = corpus_registry()
+    mc = reg.codec("MetadataResponse")
+    top = mc.spec.struct
+    T = top.field("Topics").struct
+    P = T.field("Partitions").struct
+    B = top.field("Brokers").struct
+    value = mc.cls(
+        Brokers=[B.cls(NodeId=1, Host="b1", Port=9092, Rack=None)], ClusterId="c",
+        Topics=[T.cls(Name=f"t{i}", TopicId=bytes([i]) * 16, Partitions=[
+            P.cls(PartitionIndex=p, LeaderId=1, ReplicaNodes=[1, 2], IsrNodes=[1])
+            for p in range(2)]) for i in range(2)])
+    return mc, value
+
+
+@pytest.mark.parametrize("version", [1, 9, 12])
+def test_every_truncation_is_a_decode_error_with_context(version):
+    mc, value = _metadata_response()
+    raw = mc.encode(value, version)
+    assert mc.encode(mc.decode(raw, version), version) == raw
+    for cut in range(len(raw)):
+        with pytest.raises(DecodeError) as ei:
+            mc.decode(raw[:cut], version)
+        e = ei.value
+        assert e.api == "MetadataResponse" and e.version == version
+        assert e.offset is not None and 0 <= e.offset <= cut, (cut, e)
+        assert e.path, (cut, e)
+
+
+def test_truncation_inside_a_nested_field_names_its_path_and_offset():
+    mc, value = _metadata_response()
+    raw = mc.encode(value, 1)
+    # v1 layout: Brokers (4 + 4+2+2+4+2 = 18), ControllerId 4, Topics count 4, then
+    # Topic[0]: ErrorCode 2, Name 2+2, IsInternal 1, Partitions count 4,
+    # Partition[0]: ErrorCode 2, PartitionIndex 4 ...
+    p0 = 18 + 4 + 4 + 2 + 4 + 1 + 4
+    with pytest.raises(DecodeError) as ei:
+        mc.decode(raw[:p0 + 3], 1)
+    e = ei.value
+    assert e.path == "Topics[0].Partitions[0].PartitionIndex"
+    assert e.offset == p0 + 2 and e.expected == "int32"
+    assert "truncated" in e.reason
+    assert "MetadataResponse v1" in str(e) and "offset" in str(e)
+
+
+def test_trailing_bytes():
+    mc, value = _metadata_response()
+    raw = mc.encode(value, 12)
+    with pytest.raises(DecodeError) as ei:
+        mc.decode(raw + b"\x00", 12)
+    assert ei.value.offset == len(raw) and "trailing" in ei.value.reason
+
+
+def _one_field(ftype, flexible=False, nullable=False):
+    return inline({"name": "X", "type": "data", "validVersions": "0",
+                   "flexibleVersions": "0+" if flexible else "none",
+                   "fields": [{"name": "F", "type": ftype, "versions": "0+",
+                               **({"nullableVersions": "0+"} if nullable else {})},
+                              {"name": "G", "type": "int8", "versions": "0+"}]})
+
+
+@pytest.mark.parametrize("ftype,flexible,wire,why", [
+    ("string", False, "7f ff 61 62", "exceeds"),
+    ("string", True, "ff 7f 61", "exceeds"),
+    ("bytes", False, "7f ff ff ff 00", "exceeds"),
+    ("records", True, "ff ff ff ff 0f", "exceeds"),
+    ("[]int32", False, "00 00 00 02 00 00 00 01", "exceeds"),
+    ("[]int64", True, "03 00 00 00 00 00 00 00 01", "exceeds"),
+    ("string", False, "ff ff 00", "non-nullable"),
+    ("bytes", True, "00 00", "non-nullable"),
+    ("[]int8", False, "ff ff ff fe 00", "non-nullable"),
+    ("string", False, "00 02 ff fe 00", "invalid UTF-8"),
+    ("string", True, "03 c3 28 00", "invalid UTF-8"),
+    ("string", True, "80 80 80 80 80 01", "longer than 5"),
+    ("[]int8", True, "80 80 80 80 80 80", "longer than 5"),
+    ("bytes", True, "80 80 80 80 10", "32 bits"),
+    ("string", True, "80", "truncated"),
+])
+def test_bad_lengths(ftype, flexible, wire, why):
+    c = _one_field(ftype, flexible)
+    with pytest.raises(DecodeError) as ei:
+        c.decode(h(wire), 0)
+    e = ei.value
+    assert why in e.reason, e
+    assert e.path == "F" and e.offset == 0 and e.api == "X" and e.version == 0
+
+
+@pytest.mark.parametrize("ftype,flexible,wire", [
+    ("string", False, "ff fe 00"), ("bytes", False, "ff ff ff fe 00"),
+    ("[]int32", False, "80 00 00 00 00"),
+])
+def test_negative_lengths_other_than_null_are_rejected_in_nullable_fields(ftype, flexible, wire):
+    c = _one_field(ftype, flexible, nullable=True)
+    with pytest.raises(DecodeError) as ei:
+        c.decode(h(wire), 0)
+    assert "invalid" in ei.value.reason and ei.value.path == "F"
+
+
+@pytest.mark.parametrize("wire", ["7f ff ff ff", "ff ff ff ff 0f"])
+def test_huge_struct_array_counts_fail_before_allocating(wire):
+    """A 5-byte frame claiming 2^31-1 elements is a clean error (KAFKA-14063)."""
+    reg = corpus_registry()
+    mc = reg.codec("MetadataResponse")
+    version = 1 if wire.startswith("7f") else 12
+    body = h("00 00 00 00" if version == 12 else "") + h(wire)  # ThrottleTimeMs, Brokers count
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError) as ei:
+            mc.decode(body, version)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert "exceeds" in ei.value.reason and ei.value.path == "Brokers"
+    assert peak < 1 << 20
+
+
+def test_zero_width_elements_are_bounded_by_bytes_left():
+    """Elements that take no bytes (all fields absent in this version) cannot make a
+    huge count loop: counts are checked against the bytes left, as Kafka does."""
+    c = inline({"name": "Z", "type": "data", "validVersions": "0-1", "flexibleVersions": "none",
+                "fields": [{"name": "A", "type": "[]E", "versions": "0+", "fields": [
+                    {"name": "V", "type": "int8", "versions": "1+"}]}]})
+    for wire in ("7f ff ff ff", "00 00 00 02"):
+        with pytest.raises(DecodeError) as ei:
+            c.decode(h(wire), 0)
+        assert "exceeds" in ei.value.reason and ei.value.path == "A"
+    assert c.decode(h("00 00 00 00"), 0).A == []
+
+
+def test_frame_level_errors():
+    codec = corpus_codec()
+    with pytest.raises(DecodeError) as ei:
+        codec.decode_request(h("00 03 00 01"))
+    assert ei.value.offset == 0
+    # Metadata v1 request with a truncated client id
+    with pytest.raises(DecodeError) as ei:
+        codec.decode_request(h("00 03 00 01 00 00 00 07 00 05 61 62"))
+    assert ei.value.path == "ClientId" and ei.value.offset == 8
+    # valid header, truncated body: the error names the api
+    with pytest.raises(DecodeError) as ei:
+        codec.decode_request(h("00 03 00 01 00 00 00 07 00 01 61 00 00 00 02 00 01"))
+    e = ei.value
+    assert e.api == "Metadata" and e.version == 1 and e.path == "Topics[0].Name"
+    assert e.offset == 15
+    with pytest.raises(DecodeError) as ei:
+        codec.decode_response(h("00 00 00 07 00"), 3, 1)
+    assert ei.value.api == "Metadata"
+    with pytest.raises(DecodeError):
+        codec.response_correlation_id(b"\x00")
+
+
+def test_decode_error_to_dict():
+    c = _one_field("string")
+    with pytest.raises(DecodeError) as ei:
+        c.decode(h("00 05 61"), 0)
+    d = ei.value.to_dict()
+    assert d["path"] == "F" and d["offset"] == 0 and d["api"] == "X" and d["version"] == 0
+    assert "exceeds" in d["error"]

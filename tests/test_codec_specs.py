@@ -1,0 +1,234 @@
+"""Spec loading: invalid specs raise SpecError naming the file and the field, and
+parsed documents are cached (json5 is slow) safely across processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import json5
+import pytest
+from codec_util import CORPUS, inline
+
+from kinspect.codec import SpecError, SpecRegistry
+from kinspect.codec import registry as registry_mod
+
+
+def _msg(fields, **top):
+    doc = {"name": "BadRequest", "type": "request", "apiKey": 99, "validVersions": "0-3",
+           "flexibleVersions": "2+", "fields": fields}
+    doc.update(top)
+    return doc
+
+
+def _f(name="F", type="int32", versions="0+", **kw):
+    return {"name": name, "type": type, "versions": versions, **kw}
+
+
+INVALID = [
+    # (document, field path or None, words in the reason)
+    (_msg([_f()], type="requestx"), None, "invalid message type"),
+    (_msg([_f()], apiKey=None), None, "apiKey"),
+    (_msg([_f()], validVersions="3-1"), None, "validVersions"),
+    (_msg([_f()], flexibleVersions=None), None, "flexibleVersions"),
+    (_msg([_f()], name="1Bad"), None, "message name"),
+    (_msg([_f()], extra=1), None, "unknown property extra"),
+    (_msg([_f(nullable=True)]), "F", "unknown property nullable"),
+    (_msg([_f(name="1x")]), "1x", "invalid field name"),
+    (_msg([_f(), _f()]), "F", "duplicate field name"),
+    (_msg([_f("A", tag=1, taggedVersions="2+"), _f("B", tag=1, taggedVersions="2+")]), "B",
+     "tag 1 used by both"),
+    (_msg([_f(tag=1)]), "F", "go together"),
+    (_msg([_f(tag=1, taggedVersions="2-3")]), "F", "open-ended"),
+    (_msg([_f(tag=1, taggedVersions="1+")]), "F", "non-flexible"),
+    (_msg([_f(tag=-1, taggedVersions="2+")]), "F", "invalid tag"),
+    (_msg([_f(nullableVersions="0+")]), "F", "cannot be nullable"),
+    (_msg([_f(type="bool", nullableVersions="0+")]), "F", "cannot be nullable"),
+    (_msg([_f(type="NoSuchStruct")]), "F", "unknown struct type"),
+    (_msg([_f(type="[]records")]), "F", "arrays of records"),
+    (_msg([_f(type="string", zeroCopy=True)]), "F", "zeroCopy"),
+    (_msg([_f(flexibleVersions="none")]), "F", "field-level flexibleVersions"),
+    (_msg([_f(fields=[_f("G")])]), "F", "cannot have sub-fields"),
+    (_msg([_f(versions="x+")]), "F", "versions"),
+    (_msg([_f(versions=None)]), "F", "missing versions"),
+    (_msg([_f(ignorable="maybe")]), "F", "ignorable must be a boolean"),
+    (_msg([_f(type="string", default="null")]), "F", "null default"),
+    (_msg([_f(type="int8", default="300")]), "F", "invalid default"),
+    (_msg([_f(type="[]T", fields=[_f("A", type="int8", nullableVersions="1+")])]), "F.A",
+     "cannot be nullable"),
+    (_msg([_f("A", type="T", fields=[_f("X")]), _f("B", type="T", fields=[_f("Y")])]), "B",
+     "defined twice"),
+    (_msg([_f(type="C")], commonStructs=[{"name": "C", "versions": "0+",
+                                          "fields": [_f("X", type="C")]}]), "C.X",
+     "refers to itself"),
+    (_msg([_f()], commonStructs=[{"name": "C", "versions": "0+",
+                                  "fields": [_f("X", type="int8", default="x")]}]), "C.X",
+     "invalid default"),
+    (_msg([_f(type="C")], commonStructs=[
+        {"name": "C", "versions": "0+", "fields": [_f("X", type="D")]},
+        {"name": "D", "versions": "0+", "fields": [_f("Y", type="[]C")]}]), "D.Y",
+     "refers to itself"),
+]
+
+
+@pytest.mark.parametrize("doc,field,why", INVALID)
+def test_invalid_specs_name_file_and_field(doc, field, why):
+    with pytest.raises(SpecError) as ei:
+        inline(doc, source="specs/BadRequest.json")
+    e = ei.value
+    assert e.source == "specs/BadRequest.json"
+    assert e.field == field, e
+    if why:
+        assert why in e.reason, e
+    assert str(e).startswith("specs/BadRequest.json")
+
+
+def test_json_syntax_errors_name_the_file():
+    reg = SpecRegistry()
+    with pytest.raises(SpecError) as ei:
+        reg.add_text('{"name": "X", ', "broken.json")
+    assert ei.value.source == "broken.json" and "not valid JSON" in ei.value.reason
+
+
+def test_comments_and_json5_syntax_are_accepted():
+    c = inline("""// licence header
+    { "name": "Tiny", "type": "data", "validVersions": "0", "flexibleVersions": "none",
+      // a comment between fields
+      "fields": [ { "name": "A", "type": "int8", "versions": "0+", }, ] }""")
+    assert c.decode(b"\x05", 0).A == 5
+
+
+def test_a_bad_spec_directory_file_is_reported(tmp_path):
+    (tmp_path / "Good.json").write_text(json.dumps(
+        {"name": "Good", "type": "data", "validVersions": "0", "flexibleVersions": "none",
+         "fields": [_f("A", type="int8")]}))
+    (tmp_path / "Bad.json").write_text(json.dumps(_msg([_f(type="Nope")])))
+    with pytest.raises(SpecError) as ei:
+        SpecRegistry.load([str(tmp_path)], use_env=False, use_project=False, use_default=False)
+    assert ei.value.source == str(tmp_path / "Bad.json") and ei.value.field == "F"
+
+
+def test_not_a_spec_path():
+    with pytest.raises(SpecError):
+        SpecRegistry.load(["/nonexistent/specs"], use_env=False, use_project=False,
+                          use_default=False)
+
+
+# ---------------------------------------------------------------------------
+# the parsed-document cache
+
+
+@pytest.fixture
+def counting_json5(monkeypatch):
+    calls = []
+    real = json5.loads
+
+    def loads(text, *a, **kw):
+        calls.append(len(text))
+        return real(text, *a, **kw)
+
+    monkeypatch.setattr(registry_mod.json5, "loads", loads)
+    return calls
+
+
+def _load_corpus():
+    return SpecRegistry.load([str(CORPUS / "test-message")], use_env=False, use_project=False,
+                             use_default=False)
+
+
+def _cache_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*") if p.is_file())
+
+
+def test_cache_avoids_reparsing(tmp_path, monkeypatch, counting_json5):
+    monkeypatch.setenv("KINSPECT_CACHE", str(tmp_path / "cache"))
+    first = _load_corpus()
+    assert len(counting_json5) == 4
+    files = _cache_files(tmp_path / "cache")
+    assert len(files) == 4 and all(p.suffix == ".json" for p in files)
+    assert not [p for p in files if p.name.startswith(".tmp")]
+    second = _load_corpus()
+    assert len(counting_json5) == 4  # all from the cache
+    for name, spec in first.messages.items():
+        other = second.messages[name]
+        assert spec.valid_versions == other.valid_versions
+        assert [f.name for f in spec.fields] == [f.name for f in other.fields]
+    c = second.codec("SimpleExampleMessage")
+    assert c.decode(c.encode(c.cls(myInt16=7), 2), 2).myInt16 == 7
+
+
+def test_cache_is_keyed_by_content(tmp_path, monkeypatch, counting_json5):
+    monkeypatch.setenv("KINSPECT_CACHE", str(tmp_path / "cache"))
+    text = json.dumps({"name": "K", "type": "data", "validVersions": "0",
+                       "flexibleVersions": "none", "fields": [_f("A", type="int8")]})
+    d1 = registry_mod.load_spec_document(text, "a.json")
+    d2 = registry_mod.load_spec_document(text, "b.json")  # same text, other file: cached
+    assert d1 == d2 and len(counting_json5) == 1
+    registry_mod.load_spec_document(text.replace("int8", "int16"), "a.json")
+    assert len(counting_json5) == 2
+
+
+def test_corrupt_cache_entries_are_ignored_and_rewritten(tmp_path, monkeypatch, counting_json5):
+    monkeypatch.setenv("KINSPECT_CACHE", str(tmp_path / "cache"))
+    _load_corpus()
+    for p in _cache_files(tmp_path / "cache"):
+        p.write_text('{"torn": ')
+    reg = _load_corpus()
+    assert len(counting_json5) == 8 and "NullableStructMessage" in reg.messages
+    for p in _cache_files(tmp_path / "cache"):
+        assert isinstance(json.loads(p.read_text()), dict)
+
+
+def test_cache_can_be_turned_off(tmp_path, monkeypatch, counting_json5):
+    monkeypatch.setenv("KINSPECT_CACHE", "off")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    _load_corpus()
+    _load_corpus()
+    assert len(counting_json5) == 8
+    assert registry_mod.cache_dir() is None
+    assert not (tmp_path / ".cache").exists()
+
+
+def test_default_cache_location(monkeypatch, tmp_path):
+    monkeypatch.delenv("KINSPECT_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert registry_mod.cache_dir() == tmp_path / "xdg" / "kinspect"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert registry_mod.cache_dir() == tmp_path / ".cache" / "kinspect"
+
+
+def test_unwritable_cache_still_loads(tmp_path, monkeypatch, counting_json5):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("KINSPECT_CACHE", str(blocker / "cache"))
+    reg = _load_corpus()
+    assert len(reg.messages) == 4 and len(counting_json5) == 4
+
+
+def test_concurrent_processes_share_the_cache(tmp_path):
+    """Processes loading the same specs at once all succeed and leave complete entries."""
+    env = {**os.environ, "KINSPECT_CACHE": str(tmp_path / "cache")}
+    code = ("from kinspect.codec import SpecRegistry; import sys; "
+            "r = SpecRegistry.load([sys.argv[1]], use_env=False, use_project=False, "
+            "use_default=False); print(len(r.messages))")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(CORPUS / "message")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(3)]
+    try:
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0, 0], outs
+    assert all(o.strip() == "186" for o, _ in outs)
+    files = _cache_files(tmp_path / "cache")
+    assert len(files) == 186
+    for p in files:
+        json.loads(p.read_text())
