@@ -1,0 +1,321 @@
+"""`kinspect analyze` on Spark: the job runs with local[2] on a capture recorded from
+real traffic (kafka-python -> the real proxy -> a real Tansu broker) and its tables
+must equal the single-process computation over the same capture; the facts the
+tables state are also checked against the capture lines and the workload.
+
+One SparkSession and one recorded capture serve the whole module.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from kinspect.analysis import reference, schema
+from kinspect.analysis.job import (
+    JobConfig,
+    build_session,
+    run_job,
+    ship_specs,
+    spec_info,
+)
+from kinspect.analysis.sample import record_sample
+from kinspect.capture import CaptureWarning
+from kinspect.codec import SpecRegistry, default_registry
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS = Path(os.environ.get("KINSPECT_KAFKA_SPECS",
+                             REPO.parent / "shared" / "kafka-message-specs" / "message"))
+
+
+@pytest.fixture(scope="module")
+def sample(tmp_path_factory):
+    """A real capture, plus a gzipped copy whose last line is torn (a crash)."""
+    d = tmp_path_factory.mktemp("captures")
+    result = record_sample(d / "a.jsonl", messages=30)
+    lines = (d / "a.jsonl").read_bytes()
+    frame_line = next(x for x in lines.splitlines() if b'"type":"frame"' in x)
+    with gzip.open(d / "b.jsonl.gz", "wb") as fh:
+        fh.write(lines + frame_line[: len(frame_line) // 2])  # torn, no newline
+    return result, d
+
+
+@pytest.fixture(scope="module")
+def spark():
+    session = build_session("local[2]")
+    try:
+        yield session
+    finally:
+        session.stop()
+
+
+@pytest.fixture(scope="module")
+def job(spark, sample, tmp_path_factory):
+    _, caps = sample
+    out = tmp_path_factory.mktemp("analysis")
+    result = run_job(spark, [str(caps)], out)
+    return result, out
+
+
+@pytest.fixture(scope="module")
+def ref(sample):
+    _, caps = sample
+    with pytest.warns(CaptureWarning, match="torn"):
+        return reference.compute([caps])
+
+
+def parquet_rows(out: Path, table: str) -> list[dict]:
+    return reference.sort_rows(table, pq.read_table(out / table).to_pylist())
+
+
+def raw_frames(caps: Path) -> list[dict]:
+    """Frame lines of both captures, read here with json (the gz copy's torn line
+    dropped), each tagged with its capture."""
+    out = []
+    for path in sorted(caps.iterdir()):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as fh:
+            data = fh.read()
+        for raw in data.split(b"\n"):
+            try:
+                rec = json.loads(raw)
+            except ValueError:
+                continue
+            if rec.get("type") == "frame":
+                rec["capture"] = path.name
+                out.append(rec)
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Spark == single process
+
+
+@pytest.mark.parametrize("table", list(schema.TABLES))
+def test_spark_tables_equal_the_single_process_computation(job, ref, table):
+    _, out = job
+    got = parquet_rows(out, table)
+    want = ref[table]
+    assert len(got) == len(want)
+    assert got == want
+    assert pq.read_table(out / table).schema.names == schema.TABLES[table].names
+
+
+def test_result_counts_match_the_tables(job, ref):
+    result, _ = job
+    assert result.tables == {name: len(rows) for name, rows in ref.items()}
+    assert result.api_stats == ref["api_stats"]
+
+
+# ---------------------------------------------------------------------------
+# what the tables say, checked against the capture and the workload
+
+
+def test_every_frame_is_paired_by_connection_and_correlation_id(job, sample):
+    _, caps = sample
+    _, out = job
+    frames = raw_frames(caps)
+    flows = parquet_rows(out, "flows")
+    by_flow = defaultdict(dict)
+    for f in frames:
+        by_flow[(f["capture"], f["flow"])][f["dir"]] = f
+    assert len(flows) == len(by_flow)  # the proxy's own flow ids agree with our pairing
+    assert sum(f["request_bytes"] is not None for f in flows) == \
+        sum(f["dir"] == "req" for f in frames)
+    for f in flows:
+        lines = by_flow[(f["capture"], f["flow"])]
+        req, resp = lines.get("req"), lines.get("resp")
+        assert f["request_bytes"] == len(base64.b64decode(req["frame"]))
+        assert f["correlation_id"] == req["correlation_id"]
+        if resp is not None:
+            assert f["response_bytes"] == len(base64.b64decode(resp["frame"]))
+            assert f["latency_ns"] == resp["ts_ns"] - req["ts_ns"]
+        assert f["decode_error"] is None and f["request_decoded"]
+    assert {f["capture"] for f in flows} == {"a.jsonl", "b.jsonl.gz"}
+
+
+def test_api_stats_use_nearest_rank_percentiles(job, sample):
+    _, caps = sample
+    _, out = job
+    lat = defaultdict(list)
+    by_flow = defaultdict(dict)
+    for f in raw_frames(caps):
+        by_flow[(f["capture"], f["flow"])][f["dir"]] = f
+    for lines in by_flow.values():
+        req, resp = lines["req"], lines.get("resp")
+        if resp is not None:
+            lat[(req["api_key"], req["api_version"])].append(resp["ts_ns"] - req["ts_ns"])
+    stats = parquet_rows(out, "api_stats")
+    assert {(r["api_key"], r["api_version"]) for r in stats} == set(lat)
+    for r in stats:
+        values = sorted(lat[(r["api_key"], r["api_version"])])
+        assert r["latency_count"] == len(values)
+        for p in (50, 95, 99):
+            assert r[f"latency_p{p}_ns"] == values[math.ceil(p / 100 * len(values)) - 1]
+        assert r["latency_p50_ns"] <= r["latency_p95_ns"] <= r["latency_p99_ns"] \
+            <= r["latency_max_ns"] == values[-1]
+
+
+def test_topics_count_records_and_compression_per_codec(job, sample):
+    result, _ = sample
+    _, out = job
+    rows = parquet_rows(out, "topics")
+    assert {r["topic"] for r in rows} == {result.topic}
+    produced = defaultdict(int)
+    fetched = defaultdict(int)
+    for r in rows:
+        produced[r["codec"]] += r["produced_records"]
+        fetched[r["codec"]] += r["fetched_records"]
+        ratio = r["compression_ratio"]
+        if r["codec"] == "none":
+            assert ratio == 1.0
+        else:
+            assert ratio > 1.0  # repetitive text compresses
+    copies = 2  # the capture and its gzipped copy
+    assert dict(produced) == {c: n * copies for c, n in result.produced.items()}
+    assert sum(fetched.values()) >= result.consumed * copies
+
+
+def test_clients_carry_the_software_name_and_version_from_api_versions(job):
+    import kafka
+
+    _, out = job
+    rows = parquet_rows(out, "clients")
+    ids = {r["client_id"] for r in rows}
+    assert {"kinspect-analysis-consumer", "kinspect-analysis-gzip"} <= ids
+    for r in rows:
+        assert r["client_software_name"] == "kafka-python"
+        assert r["client_software_version"] == kafka.__version__
+        assert r["connections"] >= 1 and r["flows"] >= r["connections"]
+
+
+def test_tagged_fields_count_sections_and_name_known_tags(job):
+    _, out = job
+    flows = parquet_rows(out, "flows")
+    rows = parquet_rows(out, "tagged_fields")
+    flexible_requests = defaultdict(int)
+    for f in flows:
+        if f["request_header_version"] == 2:
+            flexible_requests[(f["api_key"], f["api_version"])] += 1
+    header_sections = {(r["api_key"], r["api_version"]): r["count"] for r in rows
+                       if r["path"] == "RequestHeader" and r["kind"] == "section"}
+    assert header_sections == dict(flexible_requests)
+    reg = default_registry()
+    for r in rows:
+        if r["kind"] != "known":
+            continue
+        spec = reg.messages[r["message"]]
+        st = spec.struct
+        for part in r["path"].split(".")[1:]:
+            st = st.field(part).struct
+        assert st.field(r["name"]).tag == r["tag"]
+        assert r["bytes"] > r["data_bytes"] >= 0
+
+
+def test_what_if_reencodes_losslessly_and_orders_the_variants(job, ref):
+    _, out = job
+    rows = parquet_rows(out, "what_if")
+    flows = ref["flows"]
+    assert len(rows) == sum(f["request_decoded"] + f["response_decoded"] for f in flows)
+    for r in rows:
+        assert r["fixed_bytes"] == r["bytes"]
+        assert r["best_bytes"] <= r["packed_bytes"]
+        if r["upacked_bytes"] is not None:
+            assert r["upacked_bytes"] <= r["packed_bytes"]
+    assert any(r["upacked_bytes"] is None for r in rows)  # -1 defaults exist in real traffic
+    assert sum(r["best_bytes"] for r in rows) < sum(r["bytes"] for r in rows)
+
+
+# ---------------------------------------------------------------------------
+# specs on the executors, the command line, the report
+
+
+def _executor_specs(spark, config: JobConfig) -> list[tuple]:
+    sc = spark.sparkContext
+    return sc.parallelize(range(2), 2).mapPartitions(spec_info(config)).collect()
+
+
+def test_executors_load_the_shipped_spec_set(spark, tmp_path):
+    config = ship_specs(spark, [], tmp_path)
+    assert config.shipped and not config.defaults and config.spec_paths
+    driver = default_registry()
+    for sources, count, pid in _executor_specs(spark, config):
+        assert count == len(driver.messages)
+        assert all(Path(s).name in config.spec_paths for s in sources)
+        assert all(not s.startswith(str(tmp_path)) for s in sources)  # executors' copies
+        assert pid != os.getpid()
+
+
+def test_executors_load_specs_given_with_specs(spark, tmp_path):
+    corpus = SpecRegistry.load([str(CORPUS)])
+    assert len(corpus.messages) > len(default_registry().messages)  # inter-broker apis
+    config = ship_specs(spark, [str(CORPUS)], tmp_path)
+    for _, count, _ in _executor_specs(spark, config):
+        assert count == len(corpus.messages)
+
+
+def test_cli_python_engine_writes_tables_and_report(sample, ref, tmp_path):
+    from kinspect.cli import main
+
+    _, caps = sample
+    out = tmp_path / "out"
+    with pytest.warns(CaptureWarning):
+        assert main(["analyze", str(caps), "--out", str(out), "--engine", "python",
+                     "--report", "--quiet"]) == 0
+    for table in schema.TABLES:
+        assert parquet_rows(out, table) == ref[table]
+    page = (out / "report.html").read_text()
+    assert page.count("<svg") == 3
+    for title in ("Latency per api", "Bytes per api", "What-if encodings", "Clients", "Topics",
+                  "Tagged fields"):
+        assert title in page
+
+
+def test_cli_spark_engine_on_a_running_session(spark, sample, ref, tmp_path, capsys):
+    from kinspect.cli import main
+
+    _, caps = sample
+    cap = tmp_path / "a capture.jsonl"  # Spark reports file paths %-escaped
+    shutil.copy(caps / "a.jsonl", cap)
+    out = tmp_path / "out"
+    assert main(["analyze", str(cap), "--out", str(out), "--no-what-if",
+                 "--report", str(tmp_path / "r.html")]) == 0
+    assert not spark.sparkContext._jsc.sc().isStopped()  # the CLI left our session alone
+    printed = capsys.readouterr()
+    assert "writing flows" in printed.err  # progress, step by step
+    assert "Per api and version" in printed.out  # the summary
+    flows = parquet_rows(out, "flows")
+    assert {f["capture"] for f in flows} == {"a capture.jsonl"}
+    assert len(flows) == len([f for f in ref["flows"] if f["capture"] == "a.jsonl"])
+    assert not (out / "what_if").exists()
+    assert (tmp_path / "r.html").exists()
+
+
+@pytest.mark.slow
+def test_spark_submit_runs_the_job_script(sample, tmp_path):
+    import pyspark
+
+    _, caps = sample
+    submit = Path(pyspark.__file__).parent / "bin" / "spark-submit"
+    out = tmp_path / "out"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    proc = subprocess.run(
+        [str(submit), "--master", "local[1]", str(REPO / "kinspect/analysis/job.py"),
+         str(caps / "a.jsonl"), "--out", str(out), "--no-what-if", "--quiet", "--ship-code"],
+        capture_output=True, text=True, env=env, timeout=600, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert len(parquet_rows(out, "flows")) > 0
+    shutil.rmtree(out)
