@@ -2,9 +2,16 @@
 
 The proxy hands every request and every completed flow to a :class:`Pipeline`
 right after forwarding the bytes. The pipeline works through them on the event
-loop in slices of bounded time, so forwarding never waits for it. When more than
-``max_backlog`` flows wait, new flows are passed on undecoded (flag
-``decode-skipped``, counted in ``Stats.decode_skipped``); frames are never dropped.
+loop in slices of bounded time, so forwarding never waits for it. Under load it
+sheds work, never frames:
+
+* when more than ``max_backlog`` flows or ``skip_bytes`` bytes of frames wait,
+  new flows are passed on undecoded (flag ``decode-skipped``, counted in
+  ``Stats.decode_skipped``);
+* when more than ``pause_bytes`` bytes of frames wait (addons such as a capture
+  cannot keep up), the proxy stops reading every connection until the backlog is
+  under half of that (``Proxy.overload``, counted in ``Stats.overloads``): the
+  queue stays bounded and forwarding slows down instead.
 
 Addons are plain objects with any of these methods (mitmproxy-style hooks):
 ``on_connect(conn)``, ``on_request(flow)``, ``on_flow(flow)``,
@@ -64,16 +71,34 @@ class Pipeline:
         addons: hook objects (see the module docstring).
         decode: decode flows at all.
         max_backlog: flows waiting beyond which decoding is skipped.
+        skip_bytes: bytes of frames waiting beyond which decoding is skipped.
+        pause_bytes: bytes of frames waiting beyond which the proxy stops reading
+            (until they are under half of it); ``None``: never.
         slice_seconds: longest stretch of work before yielding to the event loop.
+        delay: seconds between the first event of a batch and the start of work on
+            it (work then continues until the queue is empty). Letting a response
+            reach the client and the next request reach the broker before decoding
+            keeps the decoding out of the request/response turnaround (measured in
+            BENCHMARKS.md, Proxy); 0 starts at the next loop iteration.
+
+    An addon that raises is logged and skipped for that event; the others still run.
     """
 
     def __init__(self, codec: Codec, addons: list[Any] | None = None, *, decode: bool = True,
-                 max_backlog: int = 10000, slice_seconds: float = 0.005):
+                 max_backlog: int = 10000, skip_bytes: int = 32 << 20,
+                 pause_bytes: int | None = 128 << 20, slice_seconds: float = 0.005,
+                 delay: float = 0.001):
         self.codec = codec
         self.addons = list(addons or [])
         self.decode = decode
         self.max_backlog = max_backlog
+        self.skip_bytes = skip_bytes
+        self.pause_bytes = pause_bytes
         self.slice_seconds = slice_seconds
+        self.delay = delay
+        #: bytes of frames in queued events (a request event counts its request, a
+        #: flow event its request and response), released as events are handled
+        self.backlog_bytes = 0
         self.proxy: Any = None
         self._q: deque = deque()
         self._scheduled = False
@@ -97,18 +122,27 @@ class Pipeline:
         if not self._scheduled:
             self._scheduled = True
             self._idle.clear()
-            (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
+            loop = self._loop or asyncio.get_running_loop()
+            if self.delay > 0:
+                loop.call_later(self.delay, self._drain)
+            else:
+                loop.call_soon(self._drain)
 
     def request(self, flow: Flow) -> None:
+        self.backlog_bytes += len(flow.request)
         self._push((_REQ, flow))
 
     def complete(self, flow: Flow) -> None:
-        if self._waiting_flows >= self.max_backlog:
+        self.backlog_bytes += len(flow.request) + len(flow.response or b"")
+        if self._waiting_flows >= self.max_backlog or self.backlog_bytes > self.skip_bytes:
             flow.flags.add(SKIPPED)
             if self.proxy is not None:
                 self.proxy.stats.decode_skipped += 1
         self._waiting_flows += 1
         self._push((_FLOW, flow))
+        if (self.pause_bytes is not None and self.backlog_bytes > self.pause_bytes
+                and self.proxy is not None and not self.proxy.overloaded):
+            self.proxy.overload(True)
 
     def connected(self, conn: Any) -> None:
         self._push((_CONN, conn))
@@ -125,8 +159,10 @@ class Pipeline:
             try:
                 if kind == _FLOW:
                     self._waiting_flows -= 1
+                    self.backlog_bytes -= len(obj.request) + len(obj.response or b"")
                     self._flow(obj)
                 elif kind == _REQ:
+                    self.backlog_bytes -= len(obj.request)
                     self._call("on_request", obj)
                 elif kind == _CONN:
                     self._call("on_connect", obj)
@@ -136,6 +172,10 @@ class Pipeline:
                 log.exception("pipeline: error while handling an event")
             if time.perf_counter() > deadline:
                 break
+        proxy = self.proxy
+        if (proxy is not None and proxy.overloaded and self.pause_bytes is not None
+                and self.backlog_bytes <= self.pause_bytes // 2):
+            proxy.overload(False)
         if q:
             (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
         else:
@@ -155,7 +195,10 @@ class Pipeline:
         for a in self.addons:
             fn = getattr(a, hook, None)
             if fn is not None:
-                fn(arg)
+                try:
+                    fn(arg)
+                except Exception:  # noqa: BLE001 - one addon's bug must not starve the others
+                    log.exception("pipeline: %s.%s failed", type(a).__name__, hook)
 
     async def drained(self) -> None:
         """Wait until every queued event has been handled."""
@@ -171,6 +214,9 @@ class Pipeline:
         for a in self.addons:
             fn = getattr(a, "close", None)
             if fn is not None:
-                res = fn()
-                if asyncio.iscoroutine(res):
-                    await res
+                try:  # every addon gets closed (a capture must be flushed) whatever the others do
+                    res = fn()
+                    if asyncio.iscoroutine(res):
+                        await res
+                except Exception:  # noqa: BLE001
+                    log.exception("pipeline: closing %s failed", type(a).__name__)

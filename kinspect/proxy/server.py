@@ -1,12 +1,19 @@
 """The proxy: asyncio (uvloop when installed) listeners, one upstream connection per
 client connection, frames forwarded both ways, responses paired with requests.
 
-Forwarding comes first. Requests are forwarded as the bytes arrive, after their
-headers have been noted for pairing; responses are forwarded frame by frame and
-held only when broker addresses in them must be rewritten. Everything else
-(decoding, captures, the live view) happens after forwarding, in
-:class:`~kinspect.proxy.pipeline.Pipeline`, which may skip decoding under load
-but never drops a frame.
+Forwarding comes first. Bytes are forwarded as they arrive (cut-through,
+:class:`CutThrough`: only size prefixes are checked first) and whole frames are
+noted for pairing afterwards, except frames that may need changing (broker
+addresses to rewrite, a request or response mutator), which are held until
+whole. Everything else (decoding, captures, the live view) happens
+after forwarding, in :class:`~kinspect.proxy.pipeline.Pipeline`, which may skip
+decoding under load but never drops a frame.
+
+Flow control both ways: a side whose peer cannot keep up stops being read, so a
+slow client holds back the broker (and the reverse) instead of filling memory.
+Connections end without resets: on shutdown or when the other side goes away, the
+proxy flushes what it holds, sends FIN and drops what the client still sends
+until it closes (at most :data:`LINGER` seconds).
 
 Port-per-broker: each upstream broker address seen in a response gets its own
 local listener, and responses are rewritten to point at it.
@@ -22,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..codec import Codec, DecodeError, FrameSizeError, FrameSplitter, KinspectError
+from ..codec import Codec, DecodeError, FrameSizeError, KinspectError
 from ..codec.frames import DEFAULT_MAX_FRAME
 from ..flows import MUTATED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
 from .rewrite import AddressRewriter
@@ -31,6 +38,14 @@ from .tracker import FlowTracker
 log = logging.getLogger("kinspect.proxy")
 
 _SIZE = struct.Struct(">i").pack
+_I = struct.Struct(">i").unpack_from
+RAW, END = 0, 1
+#: seconds a client gets to close its end after the proxy has sent FIN
+LINGER = 2.0
+#: reasons for not reading a side (bits of Connection.client_hold / up_hold)
+HOLD_FLOW = 1         # the other side cannot take more (transport flow control)
+HOLD_PIPELINE = 2     # the pipeline is too far behind (Proxy.overload)
+HOLD_CONNECTING = 4   # the broker connection is not up yet
 
 
 def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -88,7 +103,141 @@ class Stats:
     decode_skipped: int = 0
     rewritten: int = 0
     connection_errors: int = 0
+    #: times the pipeline fell so far behind that reading was paused
+    overloads: int = 0
     started: float = field(default_factory=time.time)
+
+
+
+
+class CutThrough:
+    """Sans-io framing for forwarding: which bytes may leave as they arrive, and
+    the whole frames, for the pipeline.
+
+    Feed each chunk read from one side; :meth:`feed` returns events in stream
+    order: ``(RAW, data, False)``, bytes to forward now, and ``(END, frame, held)``,
+    a frame (without its size prefix) is complete. Frames pass through as their
+    bytes arrive (cut-through) unless ``must_hold(corr)`` says, at the frame's
+    start, to hold it: then none of its bytes are emitted as RAW, and the caller
+    sends the whole frame (possibly changed) when it ends. ``corr`` is the int32
+    after the size prefix (a response's correlation id), ``None`` for frames
+    shorter than 4 bytes. The first bytes of a frame are kept back until its size
+    and those 4 bytes are known (at most 7 bytes).
+
+    Copies: a frame inside one chunk is copied once; a frame spread over chunks
+    is joined once at its end (chunks are kept as views until then).
+
+    Raises:
+        FrameSizeError: a size prefix outside ``0..max_frame`` (the stream cannot
+            be followed past it). ``events`` on the exception holds the events for
+            the bytes before that prefix; none of the prefix's bytes are in them.
+    """
+
+    __slots__ = ("max_frame", "left", "hold", "head", "parts", "consumed")
+
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_frame = max_frame
+        self.left = 0       # body bytes of the current frame still to come
+        self.hold = False   # the current frame is held
+        self.head = b""     # the first bytes (< 8) of a frame, kept back until decided
+        self.parts: list = []  # body pieces of the current frame so far
+        #: bytes fed so far
+        self.consumed = 0
+
+    @property
+    def buffered(self) -> int:
+        """Bytes held for the incomplete frame (kept-back header bytes included)."""
+        return len(self.head) + sum(len(p) for p in self.parts)
+
+    def feed(self, data: bytes, must_hold) -> list:
+        n = len(data)
+        if not self.left and not self.head and n >= 8:  # the common case: one whole frame
+            size = _I(data, 0)[0]
+            if size + 4 == n and 4 <= size <= self.max_frame:
+                self.consumed += n
+                if must_hold(_I(data, 4)[0]):
+                    return [(END, data[4:], True)]
+                return [(RAW, data, False), (END, data[4:], False)]
+        ev: list = []
+        mv = memoryview(data)
+        pos = 0
+        left = self.left
+        hold = self.hold
+        parts = self.parts
+        run = -1 if (hold and (left or parts)) else 0  # start of bytes not yet emitted
+        while pos < n:
+            if left:
+                k = left if left <= n - pos else n - pos
+                if not parts and k == left:
+                    frame = bytes(mv[pos:pos + k])  # the whole body is in this chunk
+                    pos += k
+                else:
+                    parts.append(data if k == n else mv[pos:pos + k])
+                    pos += k
+                    left -= k
+                    if left:
+                        break
+                    frame = b"".join(parts)
+                    parts.clear()
+                left = 0
+                ev.append((END, frame, hold))
+                if hold:
+                    hold = False
+                    run = pos
+                continue
+            # a frame starts here
+            head = self.head
+            hdr = head + bytes(mv[pos:pos + 8 - len(head)]) if head else bytes(mv[pos:pos + 8])
+            if len(hdr) >= 4:
+                size = _I(hdr, 0)[0]
+                if size < 0 or size > self.max_frame:
+                    if 0 <= run < pos:
+                        ev.append((RAW, data[run:pos], False))
+                    err = FrameSizeError(f"frame size {size} outside 0..{self.max_frame}",
+                                         offset=self.consumed + pos - len(head),
+                                         expected="int32 frame size")
+                    err.events = ev
+                    self.consumed += n
+                    raise err
+            if len(hdr) < 4 or (size >= 4 and len(hdr) < 8):
+                if 0 <= run < pos:
+                    ev.append((RAW, data[run:pos], False))
+                self.head = hdr  # not enough to decide: keep these bytes back
+                run = n
+                pos = n
+                break
+            hold = bool(must_hold(_I(hdr, 4)[0] if size >= 4 else None))
+            if hold:
+                if 0 <= run < pos:
+                    ev.append((RAW, data[run:pos], False))
+                run = -1
+            elif head:
+                ev.append((RAW, head, False))  # at the start of ``data``: nothing before it
+            # the part of the header that belongs to the body (beyond the prefix)
+            if head:
+                self.head = b""
+                pos += max(0, 4 - len(head))
+                if len(head) > 4:
+                    parts.append(head[4:])
+                    left = size - (len(head) - 4)
+                else:
+                    left = size
+            else:
+                pos += 4
+                left = size
+            if left == 0:  # an empty body (or one that was all in ``head``)
+                frame = b"".join(parts) if parts else b""
+                parts.clear()
+                ev.append((END, frame, hold))
+                if hold:
+                    hold = False
+                    run = pos
+        if 0 <= run < n:
+            ev.append((RAW, data[run:] if run else data, False))
+        self.left = left
+        self.hold = hold
+        self.consumed += n
+        return ev
 
 
 class Listener:
@@ -143,6 +292,10 @@ class Proxy:
         self.stats = Stats()
         self.listeners: dict[tuple[str, int], Listener] = {}
         self.connections: set[Connection] = set()
+        #: client transports that got FIN and may still send (see _end_client)
+        self.lingering: set[asyncio.Transport] = set()
+        #: the pipeline is too far behind: no connection is read (see overload)
+        self.overloaded = False
         self._next_conn = 0
         self._next_flow = 0
         self._closing = False
@@ -188,18 +341,29 @@ class Proxy:
         await self.close()
 
     async def close(self, timeout: float = 5.0) -> None:
-        """Stop accepting, let in-flight responses drain (up to ``timeout`` s),
-        close every connection and flush the pipeline."""
+        """Shut down cleanly: stop accepting; stop forwarding requests (what clients
+        still send is dropped); let the responses to requests already forwarded
+        arrive and reach their clients (up to ``timeout`` s); then end every
+        connection without a reset (flush, FIN, up to :data:`LINGER` s for the
+        client to close) and flush the pipeline (captures end with whole frames)."""
         if self._closing:
             return
         self._closing = True
         for lst in self.listeners.values():
             lst.close()
+        for c in list(self.connections):
+            c.drain()
         deadline = time.monotonic() + timeout
-        while any(c.pending for c in self.connections) and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
+        while any(c.tracker.inflight for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
         for c in list(self.connections):
             c.close("proxy shutting down")
+        deadline = time.monotonic() + LINGER
+        while self.lingering and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        for tr in list(self.lingering):
+            tr.abort()
+        self.lingering.clear()
         for lst in self.listeners.values():
             if lst.server is not None:
                 try:
@@ -277,6 +441,27 @@ class Proxy:
                                        self.rewriter.needs_rewrite(api_key, api_version))
         return r
 
+    def overload(self, on: bool) -> None:
+        """Pause (``on``) or resume reading every connection, both ways: called by
+        the pipeline when the frames waiting for it pass its high-water mark and
+        when they fall back under its low-water mark. Frames are never dropped;
+        forwarding waits instead, and memory stays bounded."""
+        if on == self.overloaded:
+            return
+        self.overloaded = on
+        self.stats.overloads += on
+        if on:
+            log.warning("pipeline behind: pausing all connections until it catches up")
+        for c in list(self.connections):
+            if c.closed or c.draining:
+                continue
+            if on:
+                c.pause_client(HOLD_PIPELINE)
+                c.pause_upstream(HOLD_PIPELINE)
+            else:
+                c.resume_client(HOLD_PIPELINE)
+                c.resume_upstream(HOLD_PIPELINE)
+
     # -- per-frame helpers used by connections ---------------------------------
     def new_conn_id(self) -> int:
         self._next_conn += 1
@@ -291,8 +476,8 @@ class Connection:
     """One client connection and its upstream connection."""
 
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
-                 "req_split", "resp_split", "tracker", "closed", "_early", "client_paused",
-                 "up_paused", "opened", "__weakref__")
+                 "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
+                 "up_hold", "opened", "draining", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -303,14 +488,18 @@ class Connection:
         self.upstream_addr = "%s:%d" % listener.upstream
         self.client_tr = client_tr
         self.up_tr: asyncio.Transport | None = None
-        self.req_split = FrameSplitter(proxy.config.max_frame)
-        self.resp_split = FrameSplitter(proxy.config.max_frame)
+        #: framing of each direction (cut-through; see CutThrough)
+        self.req_cut = CutThrough(proxy.config.max_frame)
+        self.resp_cut = CutThrough(proxy.config.max_frame)
         self.tracker = FlowTracker(proxy.codec, self.id, self.client, self.upstream_addr,
                                    proxy.new_flow_id)
         self.closed = False
+        #: shutting down: requests are no longer forwarded, responses still are
+        self.draining = False
         self._early: list[bytes] = []
-        self.client_paused = False
-        self.up_paused = False
+        #: why reading is paused (bit set of HOLD_*); reading resumes when empty
+        self.client_hold = HOLD_CONNECTING
+        self.up_hold = 0
         self.opened = time.time_ns()
 
     @property
@@ -319,37 +508,48 @@ class Connection:
 
     # -- client -> broker --------------------------------------------------------
     def from_client(self, data: bytes) -> None:
+        if self.closed or self.draining:
+            return  # read and dropped: the connection is ending
         proxy = self.proxy
         proxy.stats.bytes_from_clients += len(data)
+        error = None
         try:
-            frames = self.req_split.feed(data)
-        except FrameSizeError as e:
-            for f in e.frames:
-                self._request(f)
-            self.close(f"client sent {e.reason}")
-            return
-        mutator = proxy.request_mutator
-        if mutator is None:
-            for f in frames:
-                self._request(f)
-            out = [data]
-        else:
-            out = []
-            for f in frames:
-                flow = self._request(f)
-                new = mutator(flow, f)
+            events = self.req_cut.feed(data, self._hold_request)
+        except FrameSizeError as e:  # forward what came before the bad size prefix
+            events, error = e.events, e
+        out: list = []
+        noted: list[bytes] = []  # frames that went through unheld: noted after the write
+        for kind, x, held in events:
+            if kind == RAW:
+                out.append(x)
+            elif not held:
+                noted.append(x)
+            else:  # a request mutator may replace the frame
+                for f in noted:
+                    self._request(f)
+                noted.clear()
+                flow = self._request(x)
+                new = proxy.request_mutator(flow, x) if proxy.request_mutator else None
                 if new is not None:
                     flow.request_sent = new
                     flow.flags.add(MUTATED)
-                    f = new
-                out.append(_SIZE(len(f)))
-                out.append(f)
-            if not out:
-                return
-        if self.up_tr is None:
-            self._early.extend(out)
-        else:
-            self.up_tr.writelines(out)
+                    x = new
+                out.append(_SIZE(len(x)))
+                out.append(x)
+        if out:  # forward first
+            if self.up_tr is None:
+                self._early.extend(out)
+            elif len(out) == 1:
+                self.up_tr.write(out[0])
+            else:
+                self.up_tr.writelines(out)
+        for f in noted:
+            self._request(f)
+        if error is not None:
+            self.close(f"client sent {error.reason}", logging.WARNING)
+
+    def _hold_request(self, _corr: int | None) -> bool:
+        return self.proxy.request_mutator is not None
 
     def _request(self, frame: bytes) -> Flow:
         flow = self.tracker.request(frame, time.time_ns())
@@ -361,38 +561,87 @@ class Connection:
 
     # -- broker -> client --------------------------------------------------------
     def from_upstream(self, data: bytes) -> None:
-        self.proxy.stats.bytes_from_brokers += len(data)
+        if self.closed:
+            return
+        proxy = self.proxy
+        proxy.stats.bytes_from_brokers += len(data)
+        error = None
         try:
-            frames = self.resp_split.feed(data)
-        except FrameSizeError as e:
-            self._send_frames([self._response(f) for f in e.frames])
-            self.close(f"broker sent {e.reason}")
-            return
-        if frames:
-            self._send_frames([self._response(f) for f in frames])
+            events = self.resp_cut.feed(data, self._must_hold)
+        except FrameSizeError as e:  # forward what came before the bad size prefix
+            events, error = e.events, e
+        out: list = []
+        noted: list = []  # (frame, held): paired and handed on after the write
+        for kind, x, held in events:
+            if kind == RAW:
+                out.append(x)
+            elif not held:
+                noted.append((x, False))
+            elif proxy.response_mutator is None:  # held for address rewriting only
+                sent = self._rewrite_held(x)
+                out.append(_SIZE(len(sent)))
+                out.append(sent)
+                noted.append((x, True))
+            else:  # a mutator sees the paired flow: pair what came before first
+                for f, h in noted:
+                    self._response(f, h, False)
+                noted.clear()
+                sent = self._response(x, True, True)
+                out.append(_SIZE(len(sent)))
+                out.append(sent)
+        if out and not self.client_tr.is_closing():
+            if len(out) == 1:
+                self.client_tr.write(out[0])
+            else:
+                self.client_tr.writelines(out)
+        for f, h in noted:
+            self._response(f, h, False)
+        if error is not None:
+            self.close(f"broker sent {error.reason}", logging.WARNING)
 
-    def _send_frames(self, frames: list[bytes]) -> None:
-        if not frames or self.client_tr.is_closing():
-            return
-        parts = []
-        for f in frames:
-            parts.append(_SIZE(len(f)))
-            parts.append(f)
-        self.client_tr.writelines(parts)
+    def _rewrite_held(self, frame: bytes) -> bytes:
+        """The bytes to send for a frame held for address rewriting (before it is
+        paired: the flow it will pair with is looked up without changing state)."""
+        flow = self.tracker.peek(_I(frame, 0)[0])
+        if (flow is None or flow.api_key < 0 or
+                not self.proxy.rewrite_needed(flow.api_key, flow.api_version)):
+            return frame
+        return self._rewrite(flow, frame)
 
-    def _response(self, frame: bytes) -> bytes:
+    def _must_hold(self, corr: int | None) -> bool:
+        """Whether the response frame with correlation id ``corr`` must be held
+        whole before it is sent: a mutator may replace it, or it may carry broker
+        addresses to rewrite."""
+        proxy = self.proxy
+        if proxy.response_mutator is not None:
+            return True
+        if corr is None:
+            return False
+        flow = self.tracker.peek(corr)
+        return (flow is not None and flow.api_key >= 0 and
+                proxy.rewrite_needed(flow.api_key, flow.api_version))
+
+    def _response(self, frame: bytes, held: bool = True, change: bool = True) -> bytes:
+        """Pair a response frame and hand it to the pipeline. With ``change``, a held
+        frame is rewritten and given to the response mutator here, and the bytes to
+        send are returned; without, it was already dealt with (``_rewrite_held``)."""
         proxy = self.proxy
         flow = self.tracker.response(frame, time.time_ns())
         sent = frame
-        if UNPAIRED not in flow.flags and flow.api_key >= 0 and \
-                proxy.rewrite_needed(flow.api_key, flow.api_version):
-            sent = self._rewrite(flow, frame)
-        mutator = proxy.response_mutator
-        if mutator is not None and UNPAIRED not in flow.flags:
-            new = mutator(flow, sent)
-            if new is not None:
-                flow.response_sent = sent = new
-                flow.flags.add(MUTATED)
+        if UNPAIRED not in flow.flags:
+            if held and change:
+                if flow.api_key >= 0 and proxy.rewrite_needed(flow.api_key, flow.api_version):
+                    sent = self._rewrite(flow, frame)
+                mutator = proxy.response_mutator
+                if mutator is not None:
+                    new = mutator(flow, sent)
+                    if new is not None:
+                        flow.response_sent = sent = new
+                        flow.flags.add(MUTATED)
+            elif (not held and flow.api_key >= 0 and
+                  proxy.rewrite_needed(flow.api_key, flow.api_version)):
+                # its request came after the response started (a reused correlation id)
+                flow.notes.append("forwarded unchanged: it was not held for rewriting")
         proxy.pipeline.complete(flow)
         return sent
 
@@ -425,17 +674,33 @@ class Connection:
         if self._early:
             tr.writelines(self._early)
             self._early = []
-        self.resume_client()
+        if self.proxy.overloaded:
+            self.pause_upstream(HOLD_PIPELINE)
+            self.pause_client(HOLD_PIPELINE)
+        self.resume_client(HOLD_CONNECTING)
 
-    def close(self, reason: str | None = None) -> None:
+    def drain(self) -> None:
+        """Shutting down: stop forwarding requests (what the client still sends
+        is read and dropped); responses to forwarded requests still go through."""
+        self.draining = True
+        self._early = []
+        self.resume_upstream(HOLD_PIPELINE)
+        if self.client_hold and not self.client_tr.is_closing():
+            self.client_hold = 0
+            self.client_tr.resume_reading()
+
+    def close(self, reason: str | None = None, level: int = logging.INFO) -> None:
+        """End both sides: the broker connection is closed; the client gets what
+        was already buffered for it, then FIN (see :func:`_end_client`). ``reason``
+        is logged at ``level``."""
         if self.closed:
             return
         self.closed = True
         if reason:
-            log.info("conn %d (%s): closing: %s", self.id, self.client, reason)
-        for tr in (self.client_tr, self.up_tr):
-            if tr is not None and not tr.is_closing():
-                tr.close()
+            log.log(level, "conn %d (%s): closing: %s", self.id, self.client, reason)
+        if self.up_tr is not None and not self.up_tr.is_closing():
+            self.up_tr.close()
+        _end_client(self.proxy, self.client_tr)
         now = time.time_ns()
         for flow in self.tracker.close():
             self.proxy.pipeline.complete(flow)
@@ -444,25 +709,69 @@ class Connection:
             self.proxy.stats.connections_open -= 1
         self.proxy.pipeline.disconnected(self, now)
 
-    def pause_client(self) -> None:
-        if not self.client_paused and not self.client_tr.is_closing():
-            self.client_paused = True
+    @property
+    def client_paused(self) -> bool:
+        """Reading from the client is paused (for any reason)."""
+        return bool(self.client_hold)
+
+    @property
+    def up_paused(self) -> bool:
+        """Reading from the broker is paused (for any reason)."""
+        return bool(self.up_hold)
+
+    def pause_client(self, why: int = HOLD_FLOW) -> None:
+        was = self.client_hold
+        self.client_hold = was | why
+        if not was and not self.client_tr.is_closing() and not self.closed:
             self.client_tr.pause_reading()
 
-    def resume_client(self) -> None:
-        if self.client_paused and not self.client_tr.is_closing():
-            self.client_paused = False
+    def resume_client(self, why: int = HOLD_FLOW) -> None:
+        was = self.client_hold
+        self.client_hold = was & ~why
+        if was and not self.client_hold and not self.client_tr.is_closing():
             self.client_tr.resume_reading()
 
-    def pause_upstream(self) -> None:
-        if self.up_tr is not None and not self.up_paused and not self.up_tr.is_closing():
-            self.up_paused = True
+    def pause_upstream(self, why: int = HOLD_FLOW) -> None:
+        was = self.up_hold
+        self.up_hold = was | why
+        if not was and self.up_tr is not None and not self.up_tr.is_closing():
             self.up_tr.pause_reading()
 
-    def resume_upstream(self) -> None:
-        if self.up_tr is not None and self.up_paused and not self.up_tr.is_closing():
-            self.up_paused = False
+    def resume_upstream(self, why: int = HOLD_FLOW) -> None:
+        was = self.up_hold
+        self.up_hold = was & ~why
+        if was and not self.up_hold and self.up_tr is not None and not self.up_tr.is_closing():
             self.up_tr.resume_reading()
+
+
+def _end_client(proxy: Proxy, tr: asyncio.Transport) -> None:
+    """Close a client transport without a TCP reset: buffered data is flushed, then
+    FIN; what the client still sends is read and dropped until it closes its end,
+    for at most :data:`LINGER` seconds (closing a socket with unread data would
+    reset the connection and could destroy responses the client has not read)."""
+    if tr.is_closing():
+        return
+    try:
+        can_eof = tr.can_write_eof()
+    except (RuntimeError, OSError):  # pragma: no cover - transport already gone
+        can_eof = False
+    if not can_eof:
+        tr.close()
+        return
+    try:
+        tr.write_eof()
+        tr.resume_reading()
+    except (RuntimeError, OSError):
+        tr.abort()
+        return
+    proxy.lingering.add(tr)
+    asyncio.get_running_loop().call_later(LINGER, _linger_over, proxy, tr)
+
+
+def _linger_over(proxy: Proxy, tr: asyncio.Transport) -> None:
+    proxy.lingering.discard(tr)
+    if not tr.is_closing():
+        tr.abort()
 
 
 class _ClientSide(asyncio.Protocol):
@@ -482,7 +791,6 @@ class _ClientSide(asyncio.Protocol):
         _nodelay(tr)
         conn = self.conn = Connection(proxy, self.listener, tr)
         tr.pause_reading()  # until the broker connection is up; resumed by upstream_ready
-        conn.client_paused = True
         proxy.connections.add(conn)
         proxy.stats.connections_total += 1
         proxy.stats.connections_open += 1
@@ -498,7 +806,8 @@ class _ClientSide(asyncio.Protocol):
                 self.proxy.config.connect_timeout)
         except (OSError, asyncio.TimeoutError) as e:
             self.proxy.stats.connection_errors += 1
-            conn.close(f"cannot reach broker {host}:{port}: {e or type(e).__name__}")
+            conn.close(f"cannot reach broker {host}:{port}: {e or type(e).__name__}",
+                       logging.WARNING)
             return
         _nodelay(tr)
         conn.upstream_ready(tr)
@@ -515,6 +824,7 @@ class _ClientSide(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.conn is not None:
+            self.proxy.lingering.discard(self.conn.client_tr)
             self.conn.close(f"client error: {exc}" if exc else None)
 
     def pause_writing(self) -> None:  # client is slow: stop reading from the broker

@@ -16,10 +16,12 @@ Responses"); responses come back in request order. Special cases handled here:
 from __future__ import annotations
 
 import struct
+import weakref
 from collections import deque
-from typing import Callable
+from typing import Any, Callable
 
 from ..codec import Codec, DecodeError
+from ..codec.compiler import FIXED, read_uvarint
 from ..flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNDECODED, UNPAIRED, Flow
 
 PRODUCE = 0
@@ -27,6 +29,71 @@ SASL_HANDSHAKE = 17
 _HHI = struct.Struct(">hhi").unpack_from
 _I = struct.Struct(">i").unpack_from
 _H = struct.Struct(">h").unpack_from
+
+# skip steps (see _skip_plan)
+_FIXED, _STR16, _COMPACT, _BYTES32, _TAGS = range(5)
+#: registry -> {api_version: skip plan to the Produce ``Acks`` field, or None}
+_ACKS_PLANS: "weakref.WeakKeyDictionary[Any, dict[int, tuple | None]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def _skip_plan(spec: Any, version: int, stop: str | None) -> list | None:
+    """Steps that skip the top-level fields of ``spec`` at ``version`` before the
+    field ``stop`` (or, with ``stop=None``, all of them and then the tag section of
+    a flexible version). ``None`` when a field to skip is neither fixed-width nor a
+    string/bytes (then the generic decoder must be used)."""
+    flexible = spec.is_flexible(version)
+    steps: list = []
+    for f in spec.fields:
+        if not f.versions.contains(version) or f.tagged_in(version):
+            continue
+        if f.name == stop:
+            return steps
+        compact = (f.flexible_versions.contains(version) if f.flexible_versions is not None
+                   else flexible)
+        if f.is_array:
+            return None
+        if f.type in FIXED and f.encoding_in(version) == "fixed":
+            steps.append((_FIXED, FIXED[f.type][1]))
+        elif f.type == "string":
+            steps.append((_COMPACT if compact else _STR16, 0))
+        elif f.type in ("bytes", "records"):
+            steps.append((_COMPACT if compact else _BYTES32, 0))
+        else:
+            return None
+    if stop is not None:
+        return None
+    if flexible:
+        steps.append((_TAGS, 0))
+    return steps
+
+
+def _skip(plan: tuple, buf: bytes) -> int:
+    """Run a skip plan over ``buf`` from 0; the position reached.
+
+    Raises:
+        DecodeError, struct.error: truncated or malformed input.
+    """
+    pos = 0
+    for kind, n in plan:
+        if kind == _FIXED:
+            pos += n
+        elif kind == _STR16:
+            n = _H(buf, pos)[0]
+            pos += 2 + (n if n > 0 else 0)
+        elif kind == _COMPACT:
+            n, pos = read_uvarint(buf, pos)
+            pos += n - 1 if n > 1 else 0
+        elif kind == _BYTES32:
+            n = _I(buf, pos)[0]
+            pos += 4 + (n if n > 0 else 0)
+        else:
+            count, pos = read_uvarint(buf, pos)
+            for _ in range(count):
+                _, pos = read_uvarint(buf, pos)
+                n, pos = read_uvarint(buf, pos)
+                pos += n
+    return pos
 
 
 class FlowTracker:
@@ -91,7 +158,18 @@ class FlowTracker:
 
     def produce_acks(self, frame: bytes, api_version: int) -> int | None:
         """The ``Acks`` of a Produce request frame (found through the spec), or
-        ``None`` when the frame or the spec does not tell."""
+        ``None`` when the frame or the spec does not tell.
+
+        On the forwarding path: the header and the fields before ``Acks`` are
+        skipped with a plan computed once per version from the RequestHeader and
+        ProduceRequest specs; the generic decoder is the fallback."""
+        plan = self._acks_plan(api_version)
+        if plan is not None:
+            try:
+                pos = _skip(plan, frame)
+            except (DecodeError, struct.error):
+                return None
+            return _H(frame, pos)[0] if pos + 2 <= len(frame) else None
         try:
             req = self.codec.decode_request(frame, body=False)
             return self.codec.request_codec(PRODUCE).peek_field(frame, api_version,
@@ -100,6 +178,37 @@ class FlowTracker:
             return None
         except Exception:  # noqa: BLE001 - e.g. no Produce spec loaded: forward regardless
             return None
+
+    def _acks_plan(self, api_version: int) -> tuple | None:
+        registry = self.codec.registry
+        plans = _ACKS_PLANS.get(registry)
+        if plans is None:
+            plans = _ACKS_PLANS[registry] = {}
+        try:
+            return plans[api_version]
+        except KeyError:
+            pass
+        plan = None
+        try:
+            hv = self.codec.request_header_version(PRODUCE, api_version)
+            spec = registry.request(PRODUCE)
+            if hv is not None and spec is not None:
+                head = _skip_plan(registry.header("RequestHeader").spec, hv, None)
+                body = _skip_plan(spec, api_version, "Acks")
+                if head is not None and body is not None:
+                    plan = tuple(head + body)
+        except Exception:  # noqa: BLE001 - no plan: the generic path decides
+            plan = None
+        plans[api_version] = plan
+        return plan
+
+    def peek(self, corr: int) -> Flow | None:
+        """The flow a response with correlation id ``corr`` would pair with (no
+        state change): the raw SASL token in flight, else the pending request."""
+        inflight = self.inflight
+        if inflight and SASL_TOKEN in inflight[0].flags:
+            return inflight[0]
+        return self.pending.get(corr)
 
     def response(self, frame: bytes, now: int) -> Flow:
         """Pair a response frame with its request; an unmatched one gets a flow of

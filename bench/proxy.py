@@ -1,0 +1,764 @@
+"""Proxy benchmark: the broker directly vs. a plain forwarder vs. kinspect.
+
+One run measures, side by side and interleaved over several rounds, the same real
+workload (confluent-kafka, acks=1, linger.ms=5) in each mode:
+
+``direct``
+    the client talks to the Tansu broker.
+``forwarder``
+    through ``bench/forwarder.py`` (plain asyncio + uvloop byte forwarding: the
+    floor any Python proxy pays). Tansu then advertises the forwarder's address.
+``kinspect``
+    through kinspect with decoding on and the live view off, no capture.
+``kinspect-full``
+    through kinspect with decoding, capture (``kinspect.capture.CaptureWriter``
+    to a temporary file) and the live view (``kinspect.tui.LiveView`` rendering
+    at its normal refresh rate to a rich Console writing to /dev/null).
+``kinspect-nodecode``, ``kinspect-norewrite`` (only when asked for with ``--modes``)
+    kinspect forwarding and pairing only (``--no-decode``); kinspect without
+    address rewriting (Tansu then advertises the proxy's address, as for the
+    forwarder), which shows what holding responses for the rewrite check costs.
+``kinspect-full-proto`` (only with ``--modes``)
+    kinspect-full with prototypes of proposed changes to the live view (rows
+    drawn as fixed-width text instead of a rich Table) and to the capture (the
+    base64 frame spliced into the JSON line instead of passing through
+    ``json.dumps``; buffered lines flushed by size too): see :func:`_prototypes`.
+
+Every measurement uses a fresh broker, a fresh proxy process and a fresh client
+process: broker, proxy and clients are separate processes. The workload, per
+measurement:
+
+1. produce ``--small`` messages of 100 bytes, then ``--large`` of 10 KiB, timed
+   from the first ``produce()`` to the end of ``flush()`` (after a warm-up
+   message, so connections and metadata are in place);
+2. consume each topic back with a consumer assigned to the partition from the
+   beginning, timed from the first message received to the last;
+3. a latency loop: ``--latency`` times produce one 100-byte message and
+   ``flush()``; p50/p99 of these round trips.
+
+Then, once per proxy mode, memory: RSS of the proxy process before and after
+opening ``--idle`` idle connections (each sends one ApiVersions request and
+waits), and before/during ``--busy`` busy connections (each sends 10 KiB Produce
+requests one after the other, built with kinspect.codec). Both on fresh processes.
+
+Results: medians over rounds, as markdown (stdout; ``--update BENCHMARKS.md``
+replaces the generated block of its Proxy section) and raw JSON (``--json``).
+
+Usage::
+
+    python bench/proxy.py --rounds 5
+    python bench/proxy.py --rounds 1 --small 5000 --large 500 --latency 200   # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+MODES = ("direct", "forwarder", "kinspect", "kinspect-full")
+ALL_MODES = MODES + ("kinspect-nodecode", "kinspect-norewrite", "kinspect-full-proto")
+SMALL, LARGE = 100, 10 * 1024
+BLOCK_START = "<!-- bench/proxy.py results: start -->"
+BLOCK_END = "<!-- bench/proxy.py results: end -->"
+
+
+# ---------------------------------------------------------------------------
+# process helpers
+# ---------------------------------------------------------------------------
+
+def rss_kib(pid: int) -> int:
+    """Resident set size of ``pid`` in KiB (from /proc)."""
+    with open(f"/proc/{pid}/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` so far, seconds."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ProxyProcess:
+    """A proxy (forwarder or kinspect) in its own process; ``None`` mode = direct."""
+
+    def __init__(self, mode: str, upstream: str, listen_port: int, workdir: Path):
+        self.mode = mode
+        self.stats: dict[str, Any] = {}
+        if mode == "forwarder":
+            cmd = [sys.executable, str(HERE / "forwarder.py"), "--upstream", upstream,
+                   "--listen", f"127.0.0.1:{listen_port}"]
+        else:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "serve", "--mode", mode,
+                   "--upstream", upstream, "--listen", f"127.0.0.1:{listen_port}",
+                   "--capture", str(workdir / "bench.jsonl")]
+            if os.environ.get("KINSPECT_BENCH_PROFILE"):
+                cmd += ["--profile", os.environ["KINSPECT_BENCH_PROFILE"] + f".{mode}"]
+        self.err_path = workdir / f"{mode}.stderr"
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(self.err_path, "wb"),
+                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on"):
+            self.stop()
+            raise RuntimeError(f"{mode} proxy did not start: {line!r}\n"
+                               f"{self.err_path.read_text(errors='replace')[-3000:]}")
+        self.address = line.split()[-1]
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        for line in (out or "").splitlines():
+            if line.startswith("{"):
+                self.stats = json.loads(line)
+
+
+class Setup:
+    """A fresh broker (+ proxy) for one measurement."""
+
+    def __init__(self, mode: str, workdir: Path):
+        from kinspect.brokers import TansuBroker
+
+        self.mode = mode
+        self.proxy: ProxyProcess | None = None
+        listen_port = free_port()
+        advertised = (f"127.0.0.1:{listen_port}" if mode in ("forwarder", "kinspect-norewrite")
+                      else None)
+        self.broker = TansuBroker(advertised=advertised).start()
+        try:
+            if mode != "direct":
+                self.proxy = ProxyProcess(mode, self.broker.bootstrap, listen_port, workdir)
+        except BaseException:
+            self.broker.stop()
+            raise
+        self.bootstrap = self.proxy.address if self.proxy else self.broker.bootstrap
+
+    def stop(self) -> None:
+        try:
+            if self.proxy is not None:
+                self.proxy.stop()
+        finally:
+            self.broker.stop()
+
+
+# ---------------------------------------------------------------------------
+# the proxy process (kinspect modes)
+# ---------------------------------------------------------------------------
+
+class _LineCapture:
+    """Minimal frame-line writer, used only if kinspect.capture is missing."""
+
+    def __init__(self, path: str):
+        import base64
+
+        self._b64 = base64.b64encode
+        self.fh = open(path, "w")
+        self.frames = 0
+
+    def _line(self, flow: Any, d: str, frame: bytes, ts: int) -> None:
+        self.fh.write(json.dumps({"type": "frame", "ts_ns": ts, "conn": flow.conn, "dir": d,
+                                  "flow": flow.id, "api_key": flow.api_key,
+                                  "api_version": flow.api_version,
+                                  "correlation_id": flow.correlation_id,
+                                  "frame": self._b64(frame).decode()}) + "\n")
+        self.frames += 1
+
+    def on_request(self, flow: Any) -> None:
+        self._line(flow, "req", flow.request, flow.request_ns)
+
+    def on_flow(self, flow: Any) -> None:
+        if flow.response is not None:
+            self._line(flow, "resp", flow.response, flow.response_ns)
+
+    def close(self) -> None:
+        self.fh.close()
+
+
+def _prototypes():
+    """Subclasses of LiveView and CaptureWriter with the changes proposed for
+    kinspect/tui.py and kinspect/capture.py (measurement only; same output format)."""
+    import binascii
+
+    from rich.text import Text
+
+    from kinspect.capture import CaptureWriter
+    from kinspect.show import COLUMNS, flow_row
+    from kinspect.tui import LiveView
+
+    class FastLiveView(LiveView):
+        def table(self, rows: int) -> Text:  # fixed-width text rows, one Text
+            flows = list(self.flows)[-rows:] if rows > 0 else []
+            cells = []
+            for flow in flows:
+                row = self.rows.get(flow.id)
+                if row is None:
+                    row = self.rows[flow.id] = flow_row(flow, self.topic_ids)
+                cells.append([row[k] or "" for k, _, _ in COLUMNS])
+            heads = [h for _, h, _ in COLUMNS]
+            widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
+            over = sum(widths) + len(widths) - 1 - self.console.size.width
+            if over > 0:
+                j = widths.index(max(widths))
+                widths[j] = max(3, widths[j] - over)
+
+            def fmt(vals):
+                out = []
+                for (_, _, just), w, v in zip(COLUMNS, widths, vals):
+                    v = v if len(v) <= w else v[:w - 1] + "…"
+                    out.append(v.rjust(w) if just == "right" else v.ljust(w))
+                return " ".join(out)
+
+            t = Text(fmt(heads), style="bold")
+            for flow, c in zip(flows, cells):
+                style = ("yellow" if flow.flags & {"undecoded", "unpaired", "closed"} else
+                         "red" if flow.error_code else None)
+                t.append("\n" + fmt(c), style=style)
+            return t
+
+    class SplicedCapture(CaptureWriter):
+        FLUSH_BYTES = 1 << 20
+
+        def _append(self, obj, rotate=True):
+            raws = {k: v for k, v in obj.items() if isinstance(v, bytes)}
+            if not raws:
+                return super()._append(obj, rotate)
+            small = {k: (f"@{k}@" if k in raws else v) for k, v in obj.items()}
+            line = json.dumps(small, separators=(",", ":")).encode()
+            for k, v in raws.items():
+                line = line.replace(f'"@{k}@"'.encode(), b'"' + v + b'"', 1)
+            line += b"\n"
+            if (rotate and self.max_bytes is not None and self._part_lines > 0
+                    and self._part_bytes + len(line) > self.max_bytes):
+                self._close_part()
+                self._open_part(self._part + 1)
+            self._part_bytes += len(line)
+            self._part_lines += rotate
+            self.lines += 1
+            if not self._pending:
+                self._pending_since = time.monotonic()
+                self._pending_bytes = 0
+                self._arm_timer()
+            self._pending.append(line)
+            self._pending_bytes = getattr(self, "_pending_bytes", 0) + len(line)
+            if (len(self._pending) >= self.flush_lines or self._pending_bytes >= self.FLUSH_BYTES
+                    or time.monotonic() - self._pending_since >= self.flush_interval):
+                self.flush()
+
+    import kinspect.capture as capmod
+
+    def _b64(b: bytes) -> bytes:  # stays bytes: spliced by SplicedCapture._append
+        return binascii.b2a_base64(b, newline=False)
+
+    return FastLiveView, SplicedCapture, capmod, _b64
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run kinspect in this process until SIGTERM; print stats as JSON on exit."""
+    from kinspect.codec import Codec
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig, install_uvloop, parse_hostport
+
+    install_uvloop()
+    full = args.mode in ("kinspect-full", "kinspect-full-proto")
+    proto = args.mode == "kinspect-full-proto"
+    info: dict[str, Any] = {"capture": None}
+
+    async def main() -> None:
+        codec = Codec()
+        pipeline = Pipeline(codec, decode=args.mode != "kinspect-nodecode")
+        proxy = Proxy(ProxyConfig(upstream=parse_hostport(args.upstream),
+                                  listen=parse_hostport(args.listen),
+                                  rewrite=args.mode != "kinspect-norewrite"), codec, pipeline)
+        view = capture = None
+        if full:
+            try:
+                if proto:
+                    FastLiveView, Writer, capmod, b64 = _prototypes()
+                    capmod._b64 = b64
+                else:
+                    from kinspect.capture import CaptureWriter as Writer
+                capture = Writer(args.capture, codec, upstream=args.upstream,
+                                 listen=args.listen)
+                info["capture"] = f"kinspect.capture.{type(capture).__name__}"
+            except ImportError:
+                capture = _LineCapture(args.capture)
+                info["capture"] = "bench minimal frame-line writer"
+            pipeline.add(capture)
+            from rich.console import Console
+
+            from kinspect.tui import LiveView
+
+            console = Console(file=open(os.devnull, "w"), force_terminal=True, width=200,
+                              height=50, color_system="truecolor")
+            view = (FastLiveView if proto else LiveView)(proxy, console=console,
+                                                          title="kinspect bench")
+            pipeline.add(view)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await proxy.start()
+        if view is not None:
+            view.start()
+        print("listening on %s:%d" % proxy.address, flush=True)
+        await stop.wait()
+        await proxy.close()
+        s = proxy.stats
+        info.update(flows=s.flows, decode_skipped=s.decode_skipped, undecoded=s.undecoded,
+                    connections=s.connections_total, rewritten=s.rewritten,
+                    overloads=getattr(s, "overloads", 0))
+        if capture is not None:
+            info["capture_frames"] = capture.frames
+
+    if args.profile:  # diagnostics: cProfile of the proxy process
+        import cProfile
+
+        cProfile.runctx("asyncio.run(main())", globals(), {"asyncio": asyncio, "main": main},
+                        args.profile)
+    else:
+        asyncio.run(main())
+    print(json.dumps(info), flush=True)
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# the client process (confluent-kafka)
+# ---------------------------------------------------------------------------
+
+def client(args: argparse.Namespace) -> int:
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    common = {"bootstrap.servers": args.bootstrap, "client.id": "kinspect-bench"}
+    tag = args.topic_suffix or os.urandom(4).hex()
+    topics = {"small": f"bench-small-{tag}", "large": f"bench-large-{tag}",
+              "lat": f"bench-latency-{tag}"}
+    admin = AdminClient(common)
+    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in topics.values()]).values():
+        fut.result(timeout=20)
+    result: dict[str, Any] = {}
+    producer = Producer({**common, "acks": 1, "linger.ms": 5})
+    failed: list[Any] = []
+    delivered = [0]
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+        else:
+            delivered[0] += 1
+
+    producer.produce(topics["lat"], b"warm-up", on_delivery=on_delivery)
+    if producer.flush(20):
+        raise RuntimeError("warm-up message not delivered")
+    rnd = os.urandom(LARGE)
+    counts = {"small": (SMALL, args.small), "large": (LARGE, args.large)}
+    for name, (size, n) in counts.items():
+        value = rnd[:size]
+        delivered[0] = 0
+        t0 = time.perf_counter()
+        for _ in range(n):
+            while True:
+                try:
+                    producer.produce(topics[name], value, on_delivery=on_delivery)
+                    break
+                except BufferError:
+                    producer.poll(0.001)
+        left = producer.flush(120)
+        t1 = time.perf_counter()
+        if left or failed or delivered[0] != n:
+            raise RuntimeError(f"produce {name}: {delivered[0]}/{n} delivered, {failed[:3]}")
+        result[f"produce_{name}"] = {"msgs": n, "bytes": n * size, "seconds": t1 - t0}
+
+    # fetch.wait.max.ms=10: the long poll left on the previous topic ends quickly
+    consumer = Consumer({**common, "group.id": "bench", "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "fetch.wait.max.ms": 10})
+    # connect first (bootstrap, metadata, first fetch) on the latency topic
+    consumer.assign([TopicPartition(topics["lat"], 0, OFFSET_BEGINNING)])
+    deadline = time.monotonic() + 60
+    while not [m for m in consumer.consume(num_messages=10, timeout=0.5) if m.error() is None]:
+        if time.monotonic() > deadline:
+            raise RuntimeError("consumer got nothing from the warm-up topic in 60 s")
+    for name, (size, n) in counts.items():
+        t0 = time.perf_counter()
+        consumer.assign([TopicPartition(topics[name], 0, OFFSET_BEGINNING)])
+        got = 0
+        deadline = time.monotonic() + 120
+        while got < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"consume {name}: {got}/{n} in 120 s")
+            for m in consumer.consume(num_messages=min(1000, n - got), timeout=0.2):
+                if m.error() is None:
+                    got += 1
+        t1 = time.perf_counter()
+        result[f"consume_{name}"] = {"msgs": got, "bytes": got * size, "seconds": t1 - t0}
+    consumer.close()
+
+    value = rnd[:SMALL]
+    lat = []
+    for i in range(args.warmup + args.latency):
+        t0 = time.perf_counter_ns()
+        producer.produce(topics["lat"], value, on_delivery=on_delivery)
+        if producer.flush(10):
+            raise RuntimeError("latency message not delivered")
+        if i >= args.warmup:
+            lat.append(time.perf_counter_ns() - t0)
+    if failed:
+        raise RuntimeError(f"delivery failures: {failed[:3]}")
+    lat.sort()
+    result["latency_us"] = {"p50": lat[len(lat) // 2] / 1000,
+                            "p99": lat[min(len(lat) - 1, int(len(lat) * 0.99))] / 1000,
+                            "n": len(lat)}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+def run_client(bootstrap: str, args: argparse.Namespace) -> dict[str, Any]:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "client", "--bootstrap", bootstrap,
+           "--small", str(args.small), "--large", str(args.large), "--latency",
+           str(args.latency), "--warmup", str(args.warmup)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if p.returncode != 0:
+        raise RuntimeError(f"client failed ({p.returncode}):\n{p.stderr[-3000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------
+# memory per connection (raw sockets, requests built with kinspect.codec)
+# ---------------------------------------------------------------------------
+
+def _raw_request(codec: Any, api_key: int, version: int, corr: int, body: dict) -> bytes:
+    from kinspect.codec.frames import frame
+    from kinspect.codec.protocol import Request
+
+    value = codec.request_codec(api_key).cls.from_dict(body)
+    hv = codec.request_header_version(api_key, version)
+    return frame(codec.encode_request(Request(api_key, version, corr, "bench-raw", hv, None,
+                                              value, 0, codec.api_name(api_key))))
+
+
+def _produce_body(topic: str, size: int) -> dict:
+    from kafka.record.default_records import DefaultRecordBatchBuilder
+
+    b = DefaultRecordBatchBuilder(2, 0, False, -1, -1, -1, size + 1024)
+    b.append(0, int(time.time() * 1000), None, os.urandom(size), [])
+    return {"TransactionalId": None, "Acks": 1, "TimeoutMs": 10000,
+            "TopicData": [{"Name": topic, "PartitionData": [{"Index": 0,
+                                                              "Records": bytes(b.build())}]}]}
+
+
+async def _read_frame(reader: asyncio.StreamReader) -> bytes:
+    size = int.from_bytes(await reader.readexactly(4), "big", signed=True)
+    return await reader.readexactly(size)
+
+
+async def _idle_conns(host: str, port: int, n: int, codec: Any) -> list:
+    req = _raw_request(codec, 18, 3, 1, {"ClientSoftwareName": "bench",
+                                         "ClientSoftwareVersion": "1"})
+    conns = []
+    for _ in range(n):
+        r, w = await asyncio.open_connection(host, port)
+        w.write(req)
+        conns.append((r, w))
+    for r, _ in conns:
+        await _read_frame(r)
+    return conns
+
+
+def _measure_memory(mode: str, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kinspect.codec import Codec
+
+    codec = Codec()
+    out: dict[str, Any] = {}
+
+    # idle connections
+    s = Setup(mode, workdir)
+    try:
+        host, port = s.bootstrap.rsplit(":", 1)
+
+        async def idle() -> tuple[int, int]:
+            warm = await _idle_conns(host, int(port), 5, codec)
+            for _, w in warm:
+                w.close()
+            await asyncio.sleep(0.5)
+            r0 = rss_kib(s.proxy.pid)
+            conns = await _idle_conns(host, int(port), args.idle, codec)
+            await asyncio.sleep(1.0)
+            r1 = rss_kib(s.proxy.pid)
+            for _, w in conns:
+                w.close()
+            return r0, r1
+
+        r0, r1 = asyncio.run(idle())
+        out["rss_base_kib"] = r0
+        out["idle_kib_per_conn"] = (r1 - r0) / args.idle
+    finally:
+        s.stop()
+
+    # busy connections
+    s = Setup(mode, workdir)
+    try:
+        host, port = s.bootstrap.rsplit(":", 1)
+        admin = AdminClient({"bootstrap.servers": s.broker.bootstrap})
+        for fut in admin.create_topics([NewTopic("bench-busy", 1, 1)]).values():
+            fut.result(timeout=20)
+        body = _produce_body("bench-busy", LARGE)
+
+        async def busy() -> tuple[int, int, int]:
+            warm = await _idle_conns(host, int(port), 5, codec)
+            for _, w in warm:
+                w.close()
+            await asyncio.sleep(0.5)
+            r0 = rss_kib(s.proxy.pid)
+            stop = asyncio.Event()
+            sent = [0]
+
+            async def one(i: int) -> None:
+                r, w = await asyncio.open_connection(host, int(port))
+                corr = 0
+                while not stop.is_set():
+                    corr += 1
+                    w.write(_raw_request(codec, 0, 9, corr, body))
+                    resp = await _read_frame(r)
+                    if int.from_bytes(resp[:4], "big", signed=True) != corr:
+                        raise RuntimeError("correlation id mismatch")
+                    sent[0] += 1
+                w.close()
+
+            tasks = [asyncio.create_task(one(i)) for i in range(args.busy)]
+            peak = r0
+            t_end = time.monotonic() + args.busy_seconds
+            while time.monotonic() < t_end:
+                await asyncio.sleep(0.1)
+                peak = max(peak, rss_kib(s.proxy.pid))
+            stop.set()
+            await asyncio.gather(*tasks)
+            return r0, peak, sent[0]
+
+        r0, peak, sent = asyncio.run(busy())
+        out["busy_kib_per_conn"] = (peak - r0) / args.busy
+        out["busy_requests"] = sent
+    finally:
+        s.stop()
+    return out
+
+
+# ---------------------------------------------------------------------------
+# orchestration and report
+# ---------------------------------------------------------------------------
+
+def _metrics(res: dict[str, Any]) -> dict[str, float]:
+    m = {}
+    for key in ("produce_small", "produce_large", "consume_small", "consume_large"):
+        r = res[key]
+        m[f"{key}_msgs"] = r["msgs"] / r["seconds"]
+        m[f"{key}_mb"] = r["bytes"] / r["seconds"] / 1e6
+    m["lat_p50"] = res["latency_us"]["p50"]
+    m["lat_p99"] = res["latency_us"]["p99"]
+    for k in ("proxy_cpu_s",):
+        if k in res:
+            m[k] = res[k]
+    return m
+
+
+def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    modes = args.modes
+    load_before = os.getloadavg()
+    run_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    raw: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    stats: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory(prefix="kinspect-bench-") as tmp:
+        workdir = Path(tmp)
+        for rnd in range(args.rounds):
+            order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]  # rotate
+            for mode in order:
+                s = Setup(mode, workdir)
+                try:
+                    cpu0 = cpu_seconds(s.proxy.pid) if s.proxy else 0.0
+                    res = run_client(s.bootstrap, args)
+                    if s.proxy:
+                        res["proxy_cpu_s"] = cpu_seconds(s.proxy.pid) - cpu0
+                finally:
+                    s.stop()
+                if s.proxy is not None:
+                    stats[mode].append(s.proxy.stats)
+                raw[mode].append(res)
+                m = _metrics(res)
+                print(f"round {rnd + 1}/{args.rounds} {mode:>17}: "
+                      f"produce 10KiB {m['produce_large_mb']:.1f} MB/s, "
+                      f"100B {m['produce_small_msgs']:.0f} msg/s; consume 10KiB "
+                      f"{m['consume_large_mb']:.1f} MB/s; latency p50 {m['lat_p50']:.0f} µs "
+                      f"p99 {m['lat_p99']:.0f} µs", file=sys.stderr, flush=True)
+        memory = {}
+        if args.idle or args.busy:
+            for mode in modes:
+                if mode == "direct":
+                    continue
+                memory[mode] = _measure_memory(mode, args, workdir)
+                print(f"memory {mode}: {memory[mode]}", file=sys.stderr, flush=True)
+    return {"raw": raw, "proxy_stats": stats, "memory": memory, "args": vars(args),
+            "loadavg": [load_before, os.getloadavg()], "run_at": run_at}
+
+
+def _median_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
+    ms = [_metrics(r) for r in runs]
+    return {k: statistics.median(m[k] for m in ms) for k in ms[0]}
+
+
+def report(data: dict[str, Any]) -> str:
+    args = data["args"]
+    modes = [m for m in args["modes"] if data["raw"].get(m)]
+    med = {m: _median_metrics(data["raw"][m]) for m in modes}
+    base = med.get("direct")
+    fwd = med.get("forwarder")
+
+    def ratio(mode: str, key: str) -> str:
+        if base is None or not base[key]:
+            return ""
+        return f" (×{med[mode][key] / base[key]:.2f})"
+
+    lines = []
+    run_at = data.get("run_at") or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines.append(f"Run: {run_at}, "
+                 f"{args['rounds']} rounds (median), {os.cpu_count()} cores, "
+                 f"Python {platform.python_version()}, "
+                 f"produce {args['small']} × 100 B and {args['large']} × 10 KiB, "
+                 f"latency loop {args['latency']} (+{args['warmup']} warm-up)."
+                 + (" Load average (1 min) before/after: %.1f / %.1f." %
+                    (data["loadavg"][0][0], data["loadavg"][1][0]) if data.get("loadavg") else ""))
+    lines.append("")
+    lines.append("| mode | produce 100 B msgs/s | produce 10 KiB MB/s | consume 100 B msgs/s | "
+                 "consume 10 KiB MB/s | latency p50 µs (Δ vs forwarder, median of rounds) | "
+                 "latency p99 µs | proxy CPU s |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for m in modes:
+        r = med[m]
+        p50 = f"{r['lat_p50']:.0f}"
+        if fwd is not None and m.startswith("kinspect"):
+            # median of the per-round differences (each round runs every mode)
+            diffs = [a["latency_us"]["p50"] - b["latency_us"]["p50"]
+                     for a, b in zip(data["raw"][m], data["raw"]["forwarder"])]
+            p50 += f" ({statistics.median(diffs):+.0f} vs fwd)"
+        cpu = f"{r['proxy_cpu_s']:.2f}" if "proxy_cpu_s" in r else "-"
+        lines.append(
+            f"| {m} | {r['produce_small_msgs']:,.0f}{ratio(m, 'produce_small_msgs')} "
+            f"| {r['produce_large_mb']:.1f}{ratio(m, 'produce_large_mb')} "
+            f"| {r['consume_small_msgs']:,.0f}{ratio(m, 'consume_small_msgs')} "
+            f"| {r['consume_large_mb']:.1f}{ratio(m, 'consume_large_mb')} "
+            f"| {p50} | {r['lat_p99']:.0f} | {cpu} |")
+    if data.get("memory"):
+        lines.append("")
+        lines.append(f"| mode | RSS at start MiB | KiB per idle connection ({args['idle']}) | "
+                     f"KiB per busy connection ({args['busy']}, 10 KiB Produce) |")
+        lines.append("|---|---|---|---|")
+        for m, r in data["memory"].items():
+            lines.append(f"| {m} | {r['rss_base_kib'] / 1024:.1f} | "
+                         f"{r['idle_kib_per_conn']:.1f} | {r['busy_kib_per_conn']:.1f} |")
+    notes = []
+    for m, sl in data.get("proxy_stats", {}).items():
+        if not sl:
+            continue
+        skipped = sum(s.get("decode_skipped", 0) for s in sl)
+        flows = sum(s.get("flows", 0) for s in sl)
+        if flows:
+            notes.append(f"{m}: {flows:,} flows, {skipped:,} decode-skipped, "
+                         f"{sum(s.get('undecoded', 0) for s in sl):,} undecoded, "
+                         f"{sum(s.get('overloads', 0) for s in sl):,} pipeline pauses"
+                         + (f", capture: {sl[0]['capture']}" if sl[0].get("capture") else ""))
+    if notes:
+        lines.append("")
+        lines.append("Pipeline totals over all rounds: " + "; ".join(notes) + ".")
+    return "\n".join(lines)
+
+
+def update_file(path: Path, block: str) -> None:
+    text = path.read_text() if path.exists() else ""
+    body = f"{BLOCK_START}\n{block}\n{BLOCK_END}"
+    if BLOCK_START in text and BLOCK_END in text:
+        pre, rest = text.split(BLOCK_START, 1)
+        post = rest.split(BLOCK_END, 1)[1]
+        text = pre + body + post
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text else "") + "## Proxy\n\n" + body + "\n"
+    path.write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="kinspect proxy benchmark")
+    sub = ap.add_subparsers(dest="cmd")
+    sv = sub.add_parser("serve", help="(internal) run kinspect as the proxy under test")
+    sv.add_argument("--mode", choices=ALL_MODES[2:], required=True)
+    sv.add_argument("--upstream", required=True)
+    sv.add_argument("--listen", required=True)
+    sv.add_argument("--capture", required=True)
+    sv.add_argument("--profile", help="write a cProfile of the proxy process here")
+    cl = sub.add_parser("client", help="(internal) the confluent-kafka workload")
+    cl.add_argument("--bootstrap", required=True)
+    cl.add_argument("--topic-suffix", default=None)
+    for p in (ap, cl):
+        p.add_argument("--small", type=int, default=50000, help="100-byte messages")
+        p.add_argument("--large", type=int, default=10000, help="10 KiB messages")
+        p.add_argument("--latency", type=int, default=1000, help="produce+flush round trips")
+        p.add_argument("--warmup", type=int, default=100, help="latency loop warm-up")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=ALL_MODES)
+    ap.add_argument("--idle", type=int, default=500, help="idle connections for memory")
+    ap.add_argument("--busy", type=int, default=50, help="busy connections for memory")
+    ap.add_argument("--busy-seconds", type=float, default=3.0)
+    ap.add_argument("--json", type=Path, help="write raw results here")
+    ap.add_argument("--update", type=Path, help="replace the results block in this file")
+    ap.add_argument("--from-json", type=Path, help="report from an earlier --json file")
+    args = ap.parse_args(argv)
+    if args.cmd == "serve":
+        return serve(args)
+    if args.cmd == "client":
+        return client(args)
+    if args.from_json:
+        data = json.loads(args.from_json.read_text())
+    else:
+        data = run_bench(args)
+        if args.json:
+            args.json.write_text(json.dumps(data, indent=1, default=str))
+    text = report(data)
+    print(text)
+    if args.update:
+        update_file(args.update, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
