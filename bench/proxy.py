@@ -18,11 +18,6 @@ workload (confluent-kafka, acks=1, linger.ms=5) in each mode:
     kinspect forwarding and pairing only (``--no-decode``); kinspect without
     address rewriting (Tansu then advertises the proxy's address, as for the
     forwarder), which shows what holding responses for the rewrite check costs.
-``kinspect-full-proto`` (only with ``--modes``)
-    kinspect-full with prototypes of proposed changes to the live view (rows
-    drawn as fixed-width text instead of a rich Table) and to the capture (the
-    base64 frame spliced into the JSON line instead of passing through
-    ``json.dumps``; buffered lines flushed by size too): see :func:`_prototypes`.
 
 Every measurement uses a fresh broker, a fresh proxy process and a fresh client
 process: broker, proxy and clients are separate processes. The workload, per
@@ -72,7 +67,7 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 MODES = ("direct", "forwarder", "kinspect", "kinspect-full")
-ALL_MODES = MODES + ("kinspect-nodecode", "kinspect-norewrite", "kinspect-full-proto")
+ALL_MODES = MODES + ("kinspect-nodecode", "kinspect-norewrite")
 SMALL, LARGE = 100, 10 * 1024
 BLOCK_START = "<!-- bench/proxy.py results: start -->"
 BLOCK_END = "<!-- bench/proxy.py results: end -->"
@@ -178,113 +173,6 @@ class Setup:
 # the proxy process (kinspect modes)
 # ---------------------------------------------------------------------------
 
-class _LineCapture:
-    """Minimal frame-line writer, used only if kinspect.capture is missing."""
-
-    def __init__(self, path: str):
-        import base64
-
-        self._b64 = base64.b64encode
-        self.fh = open(path, "w")
-        self.frames = 0
-
-    def _line(self, flow: Any, d: str, frame: bytes, ts: int) -> None:
-        self.fh.write(json.dumps({"type": "frame", "ts_ns": ts, "conn": flow.conn, "dir": d,
-                                  "flow": flow.id, "api_key": flow.api_key,
-                                  "api_version": flow.api_version,
-                                  "correlation_id": flow.correlation_id,
-                                  "frame": self._b64(frame).decode()}) + "\n")
-        self.frames += 1
-
-    def on_request(self, flow: Any) -> None:
-        self._line(flow, "req", flow.request, flow.request_ns)
-
-    def on_flow(self, flow: Any) -> None:
-        if flow.response is not None:
-            self._line(flow, "resp", flow.response, flow.response_ns)
-
-    def close(self) -> None:
-        self.fh.close()
-
-
-def _prototypes():
-    """Subclasses of LiveView and CaptureWriter with the changes proposed for
-    kinspect/tui.py and kinspect/capture.py (measurement only; same output format)."""
-    import binascii
-
-    from rich.text import Text
-
-    from kinspect.capture import CaptureWriter
-    from kinspect.show import COLUMNS, flow_row
-    from kinspect.tui import LiveView
-
-    class FastLiveView(LiveView):
-        def table(self, rows: int) -> Text:  # fixed-width text rows, one Text
-            flows = list(self.flows)[-rows:] if rows > 0 else []
-            cells = []
-            for flow in flows:
-                row = self.rows.get(flow.id)
-                if row is None:
-                    row = self.rows[flow.id] = flow_row(flow, self.topic_ids)
-                cells.append([row[k] or "" for k, _, _ in COLUMNS])
-            heads = [h for _, h, _ in COLUMNS]
-            widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
-            over = sum(widths) + len(widths) - 1 - self.console.size.width
-            if over > 0:
-                j = widths.index(max(widths))
-                widths[j] = max(3, widths[j] - over)
-
-            def fmt(vals):
-                out = []
-                for (_, _, just), w, v in zip(COLUMNS, widths, vals):
-                    v = v if len(v) <= w else v[:w - 1] + "…"
-                    out.append(v.rjust(w) if just == "right" else v.ljust(w))
-                return " ".join(out)
-
-            t = Text(fmt(heads), style="bold")
-            for flow, c in zip(flows, cells):
-                style = ("yellow" if flow.flags & {"undecoded", "unpaired", "closed"} else
-                         "red" if flow.error_code else None)
-                t.append("\n" + fmt(c), style=style)
-            return t
-
-    class SplicedCapture(CaptureWriter):
-        FLUSH_BYTES = 1 << 20
-
-        def _append(self, obj, rotate=True):
-            raws = {k: v for k, v in obj.items() if isinstance(v, bytes)}
-            if not raws:
-                return super()._append(obj, rotate)
-            small = {k: (f"@{k}@" if k in raws else v) for k, v in obj.items()}
-            line = json.dumps(small, separators=(",", ":")).encode()
-            for k, v in raws.items():
-                line = line.replace(f'"@{k}@"'.encode(), b'"' + v + b'"', 1)
-            line += b"\n"
-            if (rotate and self.max_bytes is not None and self._part_lines > 0
-                    and self._part_bytes + len(line) > self.max_bytes):
-                self._close_part()
-                self._open_part(self._part + 1)
-            self._part_bytes += len(line)
-            self._part_lines += rotate
-            self.lines += 1
-            if not self._pending:
-                self._pending_since = time.monotonic()
-                self._pending_bytes = 0
-                self._arm_timer()
-            self._pending.append(line)
-            self._pending_bytes = getattr(self, "_pending_bytes", 0) + len(line)
-            if (len(self._pending) >= self.flush_lines or self._pending_bytes >= self.FLUSH_BYTES
-                    or time.monotonic() - self._pending_since >= self.flush_interval):
-                self.flush()
-
-    import kinspect.capture as capmod
-
-    def _b64(b: bytes) -> bytes:  # stays bytes: spliced by SplicedCapture._append
-        return binascii.b2a_base64(b, newline=False)
-
-    return FastLiveView, SplicedCapture, capmod, _b64
-
-
 def serve(args: argparse.Namespace) -> int:
     """Run kinspect in this process until SIGTERM; print stats as JSON on exit."""
     from kinspect.codec import Codec
@@ -292,8 +180,7 @@ def serve(args: argparse.Namespace) -> int:
     from kinspect.proxy.server import Proxy, ProxyConfig, install_uvloop, parse_hostport
 
     install_uvloop()
-    full = args.mode in ("kinspect-full", "kinspect-full-proto")
-    proto = args.mode == "kinspect-full-proto"
+    full = args.mode == "kinspect-full"
     info: dict[str, Any] = {"capture": None}
 
     async def main() -> None:
@@ -304,18 +191,11 @@ def serve(args: argparse.Namespace) -> int:
                                   rewrite=args.mode != "kinspect-norewrite"), codec, pipeline)
         view = capture = None
         if full:
-            try:
-                if proto:
-                    FastLiveView, Writer, capmod, b64 = _prototypes()
-                    capmod._b64 = b64
-                else:
-                    from kinspect.capture import CaptureWriter as Writer
-                capture = Writer(args.capture, codec, upstream=args.upstream,
-                                 listen=args.listen)
-                info["capture"] = f"kinspect.capture.{type(capture).__name__}"
-            except ImportError:
-                capture = _LineCapture(args.capture)
-                info["capture"] = "bench minimal frame-line writer"
+            from kinspect.capture import CaptureWriter
+
+            capture = CaptureWriter(args.capture, codec, upstream=args.upstream,
+                                    listen=args.listen)
+            info["capture"] = "kinspect.capture.CaptureWriter"
             pipeline.add(capture)
             from rich.console import Console
 
@@ -323,8 +203,7 @@ def serve(args: argparse.Namespace) -> int:
 
             console = Console(file=open(os.devnull, "w"), force_terminal=True, width=200,
                               height=50, color_system="truecolor")
-            view = (FastLiveView if proto else LiveView)(proxy, console=console,
-                                                          title="kinspect bench")
+            view = LiveView(proxy, console=console, title="kinspect bench")
             pipeline.add(view)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

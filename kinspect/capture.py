@@ -26,7 +26,8 @@ shared by ``kinspect proxy --capture``, ``show``, ``export``, replay and analysi
 Readers ignore unknown ``type`` values and extra keys.
 
 Crash safety: lines are buffered whole and written in batches of whole lines
-(every :attr:`CaptureWriter.flush_lines` lines, after at most
+(every :attr:`CaptureWriter.flush_lines` lines or
+:attr:`CaptureWriter.flush_bytes` bytes, after at most
 :attr:`CaptureWriter.flush_interval` seconds, and on close), so a crash can only
 leave a torn *last* line, which :func:`read_capture` skips with a warning.
 
@@ -265,8 +266,11 @@ def capture_parts(path: str | os.PathLike) -> list[Path]:
 # Writing
 # ---------------------------------------------------------------------------
 
-def _b64(b: bytes) -> str:
-    return base64.b64encode(b).decode("ascii")
+def _b64(b: bytes) -> bytes:
+    """Base64 as ASCII bytes, spliced into the JSON line as they are (see
+    :meth:`CaptureWriter._append`): base64 needs no JSON escaping, and serialising a
+    large frame's string through ``json.dumps`` costs several times the encoding."""
+    return base64.b64encode(b)
 
 
 class CaptureWriter:
@@ -280,7 +284,8 @@ class CaptureWriter:
         secrets: keep secrets (``--capture-secrets``); by default they are redacted.
         max_bytes: rotate when a part would exceed this many JSON bytes (before
             gzip); ``None`` = never.
-        flush_lines: write buffered lines to the file after this many lines.
+        flush_lines: write buffered lines to the file after this many lines,
+        flush_bytes: ... or this many bytes,
         flush_interval: ... and at most this many seconds after a line was buffered
             (a timer on the running event loop; without one, checked on each line).
 
@@ -297,7 +302,8 @@ class CaptureWriter:
     def __init__(self, path: str | os.PathLike, codec: Codec | None = None, *,
                  upstream: str = "", listen: str = "", secrets: bool = False,
                  max_bytes: int | None = None, flush_lines: int = 1000,
-                 flush_interval: float = 1.0, start_ns: int | None = None):
+                 flush_bytes: int = 1 << 20, flush_interval: float = 1.0,
+                 start_ns: int | None = None):
         self.path = Path(path)
         self.codec = codec or Codec()
         self.upstream = upstream
@@ -307,6 +313,8 @@ class CaptureWriter:
             raise ValueError("max_bytes must be positive")
         self.max_bytes = max_bytes
         self.flush_lines = max(1, flush_lines)
+        self.flush_bytes = max(1, flush_bytes)
+        self._pending_bytes = 0
         self.flush_interval = flush_interval
         self.start_ns = start_ns if start_ns is not None else time.time_ns()
         self.gzip = self.path.name.endswith(".gz")
@@ -356,7 +364,17 @@ class CaptureWriter:
 
     # -- buffering -------------------------------------------------------------
     def _append(self, obj: dict[str, Any], rotate: bool = True) -> None:
-        line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+        raws = [(k, v) for k, v in obj.items() if type(v) is bytes]
+        if raws:  # base64 values: splice them in rather than serialising them
+            small = dict(obj)
+            for k, _ in raws:
+                small[k] = f"@@{k}@@"
+            line = json.dumps(small, separators=(",", ":")).encode("utf-8")
+            for k, v in raws:
+                line = line.replace(f'"@@{k}@@"'.encode(), b'"' + v + b'"', 1)
+            line += b"\n"
+        else:
+            line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
         if (rotate and self.max_bytes is not None and self._part_lines > 0
                 and self._part_bytes + len(line) > self.max_bytes):
             self._close_part()
@@ -366,9 +384,11 @@ class CaptureWriter:
         self.lines += 1
         if not self._pending:
             self._pending_since = time.monotonic()
+            self._pending_bytes = 0
             self._arm_timer()
         self._pending.append(line)
-        if (len(self._pending) >= self.flush_lines
+        self._pending_bytes += len(line)
+        if (len(self._pending) >= self.flush_lines or self._pending_bytes >= self.flush_bytes
                 or time.monotonic() - self._pending_since >= self.flush_interval):
             self.flush()
 

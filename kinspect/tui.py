@@ -15,7 +15,6 @@ from typing import Any, TextIO
 
 from rich.console import Console, Group
 from rich.live import Live
-from rich.table import Table
 from rich.text import Text
 
 from .filters import Filter, TopicIds
@@ -135,13 +134,34 @@ class LiveView:
         t.append("   Ctrl-C quits", style="dim")
         return t
 
-    def table(self, rows: int) -> Table:
-        t = Table(expand=True, box=None, header_style="bold", pad_edge=False)
-        for _key, header, justify in COLUMNS:
-            t.add_column(header, justify=justify, no_wrap=True, overflow="ellipsis")
-        for row, style in list(self.rows)[-rows:] if rows > 0 else []:
-            t.add_row(*(row[k] for k, _, _ in COLUMNS), style=style)
-        return t
+    def table(self, rows: int) -> Text:
+        """The newest ``rows`` rows as fixed-width text, columns sized to their content.
+
+        One :class:`~rich.text.Text` rather than a rich ``Table``: a Table of a few
+        dozen rows costs tens of milliseconds per redraw, on a thread that holds the
+        GIL the forwarding loop needs (measured in bench/proxy.py)."""
+        shown = list(self.rows)[-rows:] if rows > 0 else []
+        heads = [h for _, h, _ in COLUMNS]
+        cells = [[row[k] or "" for k, _, _ in COLUMNS] for row, _ in shown]
+        widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
+        over = sum(widths) + len(widths) - 1 - self.console.size.width
+        while over > 0 and max(widths) > 3:  # shrink the widest columns first
+            j = widths.index(max(widths))
+            cut = min(over, widths[j] - 3)
+            widths[j] -= cut
+            over -= cut
+
+        def line(values: list[str]) -> str:
+            out = []
+            for (_, _, justify), w, v in zip(COLUMNS, widths, values):
+                v = v if len(v) <= w else v[:w - 1] + "…"
+                out.append(v.rjust(w) if justify == "right" else v.ljust(w))
+            return " ".join(out)
+
+        text = Text(line(heads), style="bold", no_wrap=True, overflow="crop")
+        for (_, style), c in zip(shown, cells):
+            text.append("\n" + line(c), style=style)
+        return text
 
     def __rich__(self) -> Group:
         height = self.console.size.height
