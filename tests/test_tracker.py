@@ -78,6 +78,18 @@ def test_sasl_handshake_v0_switches_to_raw_tokens_until_a_request_header():
     assert hs.response is not None
 
 
+def test_short_raw_sasl_tokens_are_tokens_not_malformed_requests():
+    """A PLAIN token shorter than a request header (or an empty SCRAM/GSSAPI token)
+    is still a token: paired with the next answer, and flagged so captures redact it."""
+    t = tracker()
+    t.request(request_bytes(17, 0, 1, Mechanism="PLAIN"), 1)
+    t.response(response_bytes(17, 0, 1, ErrorCode=0, Mechanisms=["PLAIN"]), 2)
+    for i, token in enumerate((b"\x00a\x00pw12", b"")):
+        tok = t.request(token, 3 + i)
+        assert SASL_TOKEN in tok.flags and UNDECODED not in tok.flags
+        assert t.response(b"", 10 + i) is tok
+
+
 def test_failed_sasl_handshake_stays_in_kafka_framing():
     t = tracker()
     t.request(request_bytes(17, 0, 1, Mechanism="NOPE"), 1)

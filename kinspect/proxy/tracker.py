@@ -131,20 +131,21 @@ class FlowTracker:
     def request(self, frame: bytes, now: int) -> Flow:
         """Note a request frame. The returned flow has the ``no-response`` flag when
         no response will come (the caller then treats it as complete)."""
-        if len(frame) < 8:
-            flow = self._flow(-1, -1, -1, "Malformed", frame, now)
-            flow.flags.update((UNDECODED, NO_RESPONSE))
-            flow.error = f"request frame of {len(frame)} bytes is shorter than a header"
-            return flow
-        api_key, api_version, corr = _HHI(frame, 0)
-        if self.sasl_raw:
-            if self.codec.request_header_version(api_key, api_version) is not None:
+        if self.sasl_raw:  # any frame, even an empty one, may be a raw token
+            if len(frame) >= 8 and self.codec.request_header_version(
+                    *_HHI(frame, 0)[:2]) is not None:
                 self.sasl_raw = False
             else:
                 flow = self._flow(-1, -1, -1, "SaslToken", frame, now)
                 flow.flags.add(SASL_TOKEN)
                 self.inflight.append(flow)
                 return flow
+        if len(frame) < 8:
+            flow = self._flow(-1, -1, -1, "Malformed", frame, now)
+            flow.flags.update((UNDECODED, NO_RESPONSE))
+            flow.error = f"request frame of {len(frame)} bytes is shorter than a header"
+            return flow
+        api_key, api_version, corr = _HHI(frame, 0)
         flow = self._flow(api_key, api_version, corr, self.codec.api_name(api_key), frame, now)
         if api_key == PRODUCE and self.produce_acks(frame, api_version) == 0:
             flow.flags.add(NO_RESPONSE)
