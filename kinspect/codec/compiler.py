@@ -166,16 +166,6 @@ def _pa(code: str, v: list) -> bytes:
     return _struct.pack(">%d%s" % (len(v), code), *v)
 
 
-_PACK_CACHE: dict[str, Callable] = {}
-
-
-def _packer(fmt: str) -> Callable:
-    p = _PACK_CACHE.get(fmt)
-    if p is None:
-        p = _PACK_CACHE[fmt] = _struct.Struct(fmt).pack
-    return p
-
-
 _TABLE = 128
 _BATCH_MAX = 4096
 _FA_CACHE: dict[tuple[str, int], Callable] = {}
@@ -204,10 +194,6 @@ def _array_table(code: str, unpack: bool, prefix: str) -> list:
         mk = (lambda s: s.unpack_from) if unpack else (lambda s: s.pack)
         tbl = _TABLES[key] = [mk(_struct.Struct(f">{prefix}{k}{code}")) for k in range(_TABLE)]
     return tbl
-
-
-class _Marker:
-    """A tag present on the wire whose value equals the field default."""
 
 
 def _mark_present(o: Struct, tag: int) -> None:

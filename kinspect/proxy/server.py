@@ -299,6 +299,7 @@ class Proxy:
         self._next_conn = 0
         self._next_flow = 0
         self._closing = False
+        self._tasks: set[asyncio.Task] = set()  # listener start-ups in flight
         self._rw_cache: dict[tuple[int, int], bool] = {}
         #: Optional frame mutators (the tagged-field workbench): callables
         #: ``(flow, frame) -> bytes | None`` returning a replacement frame (without
@@ -349,7 +350,7 @@ class Proxy:
         if self._closing:
             return
         self._closing = True
-        for lst in self.listeners.values():
+        for lst in list(self.listeners.values()):
             lst.close()
         for c in list(self.connections):
             c.drain()
@@ -364,7 +365,7 @@ class Proxy:
         for tr in list(self.lingering):
             tr.abort()
         self.lingering.clear()
-        for lst in self.listeners.values():
+        for lst in list(self.listeners.values()):
             if lst.server is not None:
                 try:
                     await asyncio.wait_for(lst.server.wait_closed(), 1.0)
@@ -410,7 +411,11 @@ class Proxy:
             sock = self._bind(0)
         lst = Listener(self, upstream, sock)
         self.listeners[upstream] = lst
-        asyncio.get_running_loop().create_task(lst.start())
+        if self._closing:  # a response drained during shutdown: nothing will connect
+            lst.close()
+        else:
+            self._tasks.add(task := asyncio.get_running_loop().create_task(lst.start()))
+            task.add_done_callback(self._tasks.discard)
         log.info("broker %s:%d mapped to %s:%d", *upstream, self.advertised_host(), lst.port)
         return lst
 
@@ -878,5 +883,3 @@ def install_uvloop() -> bool:
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return True
 
-
-Callback = Callable[[Flow], None]
