@@ -79,41 +79,41 @@ def record_usage(name: str, flows: list[Flow]) -> set[tuple[str, int]]:
     return used
 
 
-CLIENTS = ["kafka-python", "aiokafka", "confluent-kafka", "kafkajs"]
-
-
-@pytest.mark.parametrize("client", CLIENTS)
-async def test_real_client_through_proxy_to_tansu(client, tansu, unique):
-    values = [f"{client}-{i}" for i in range(5)]
-    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+async def lossless_round_trip(client: str, broker, broker_name: str, n: int, unique):
+    """``client`` produces and consumes ``n`` values through the proxy in front of
+    ``broker``; asserts it got them back and that the session was lossless.
+    Returns ``(flows, api names used)``."""
+    values = [f"{client}-{broker_name}-{i}" for i in range(n)]
+    async with running_proxy(broker.bootstrap) as (proxy, rec):
         got = await roundtrip_async(client, bootstrap_of(proxy), values, topic=unique("topic"),
                                     group=unique("group"))
         await proxy.pipeline.drained()
         addresses = proxy_addresses(proxy)
     assert got == values
     assert_lossless(rec.flows, addresses)
-    apis = {name for name, _ in record_usage(f"{client} -> Tansu", rec.flows)}
+    used = record_usage(f"{client} -> {broker_name}", rec.flows)
+    return rec.flows, {name for name, _ in used}
+
+
+CLIENTS = ["kafka-python", "aiokafka", "confluent-kafka", "kafkajs"]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+async def test_real_client_through_proxy_to_tansu(client, tansu, unique):
+    flows, apis = await lossless_round_trip(client, tansu, "Tansu", 5, unique)
     assert {"ApiVersions", "Metadata", "Produce", "Fetch", "FindCoordinator", "JoinGroup",
             "SyncGroup", "OffsetCommit"} <= apis, apis
     # nothing went around the proxy: Tansu advertises its own port, which differs
-    assert any(REWRITTEN in f.flags for f in rec.flows)
+    assert any(REWRITTEN in f.flags for f in flows)
 
 
 @pytest.mark.parametrize("client", ["kafka-python", "confluent-kafka", "kcat"])
 async def test_clients_never_bypass_proxy_with_noida(client, noida, unique):
     """noida-db advertises its own address and cannot be told otherwise: only
     rewriting keeps the client on the proxy. Every produce and fetch must cross it."""
-    values = [f"{client}-noida-{i}" for i in range(4)]
-    async with running_proxy(noida.bootstrap) as (proxy, rec):
-        got = await roundtrip_async(client, bootstrap_of(proxy), values, topic=unique("topic"),
-                                    group=unique("group"))
-        await proxy.pipeline.drained()
-        addresses = proxy_addresses(proxy)
-    assert got == values
-    assert_lossless(rec.flows, addresses)
-    apis = {name for name, _ in record_usage(f"{client} -> noida-db", rec.flows)}
+    flows, apis = await lossless_round_trip(client, noida, "noida-db", 4, unique)
     assert {"Produce", "Fetch"} <= apis, apis
-    rewritten = [f for f in rec.flows if REWRITTEN in f.flags]
+    rewritten = [f for f in flows if REWRITTEN in f.flags]
     assert rewritten, "noida-db's own address never reached the client unrewritten"
 
 

@@ -349,6 +349,19 @@ def _replace_key(d: dict, old: str, new: str, value: Any) -> dict:
     return {(new if k == old else k): (value if k == old else v) for k, v in d.items()}
 
 
+_BAD = object()
+
+
+def _json_line(line: str, lineno: int, out: Any) -> Any:
+    """The JSON value of one batch-mode input line, or ``_BAD`` after writing an
+    error line for it."""
+    try:
+        return json.loads(line)
+    except ValueError as e:
+        out.write(json.dumps({"line": lineno, "error": {"error": f"not JSON: {e}"}}) + "\n")
+        return _BAD
+
+
 def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
     from ..codec import DecodeError
 
@@ -359,11 +372,9 @@ def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
         for lineno, line in enumerate(_lines(args.jsonl), 1):
             if not line.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except ValueError as e:
+            rec = _json_line(line, lineno, out)
+            if rec is _BAD:
                 errors += 1
-                out.write(json.dumps({"line": lineno, "error": {"error": f"not JSON: {e}"}}) + "\n")
                 continue
             if not isinstance(rec, dict) or "frame" not in rec:
                 out.write(json.dumps(rec) + "\n")  # session/conn lines and the like
@@ -461,11 +472,9 @@ def _encode_jsonl(codec: Any, args: argparse.Namespace) -> int:
         for lineno, line in enumerate(_lines(args.jsonl), 1):
             if not line.strip():
                 continue
-            try:
-                rec = json.loads(line)
-            except ValueError as e:
+            rec = _json_line(line, lineno, out)
+            if rec is _BAD:
                 errors += 1
-                out.write(json.dumps({"line": lineno, "error": {"error": f"not JSON: {e}"}}) + "\n")
                 continue
             if not isinstance(rec, dict):
                 out.write(json.dumps(rec) + "\n")
