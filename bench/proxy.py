@@ -11,7 +11,7 @@ workload (confluent-kafka, acks=1, linger.ms=5) in each mode:
 ``kinspect``
     through kinspect with decoding on and the live view off, no capture.
 ``kinspect-full``
-    through kinspect with decoding, capture (``kinspect.capture.CaptureWriter``
+    through kinspect with decoding, capture (``kinspect.capture_process.CaptureProcess``,
     to a temporary file) and the live view (``kinspect.tui.LiveView`` rendering
     at its normal refresh rate to a rich Console writing to /dev/null).
 ``kinspect-nodecode``, ``kinspect-norewrite`` (only when asked for with ``--modes``)
@@ -191,11 +191,12 @@ def serve(args: argparse.Namespace) -> int:
                                   rewrite=args.mode != "kinspect-norewrite"), codec, pipeline)
         view = capture = None
         if full:
-            from kinspect.capture import CaptureWriter
+            from kinspect.capture_process import CaptureProcess
 
-            capture = CaptureWriter(args.capture, codec, upstream=args.upstream,
-                                    listen=args.listen)
-            info["capture"] = "kinspect.capture.CaptureWriter"
+            # what `kinspect proxy --capture` uses
+            capture = CaptureProcess(args.capture, codec, upstream=args.upstream,
+                                     listen=args.listen)
+            info["capture"] = "kinspect.capture_process.CaptureProcess"
             pipeline.add(capture)
             from rich.console import Console
 

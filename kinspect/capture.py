@@ -25,6 +25,10 @@ shared by ``kinspect proxy --capture``, ``show``, ``export``, replay and analysi
 
 Readers ignore unknown ``type`` values and extra keys.
 
+Writers: :class:`CaptureWriter` writes in-process (library use, tests);
+``kinspect proxy --capture`` uses :class:`~kinspect.capture_process.CaptureProcess`,
+which runs a ``CaptureWriter`` in a child process (same bytes, off the event loop).
+
 Crash safety: lines are buffered whole and written in batches of whole lines
 (every :attr:`CaptureWriter.flush_lines` lines or
 :attr:`CaptureWriter.flush_bytes` bytes, after at most
@@ -62,6 +66,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import binascii
 import gzip
 import json
 import logging
@@ -80,6 +85,8 @@ from .codec import Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
 from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
 from .units import parse_size
+
+_b2a = binascii.b2a_base64
 
 log = logging.getLogger("kinspect.capture")
 
@@ -270,7 +277,38 @@ def _b64(b: bytes) -> bytes:
     """Base64 as ASCII bytes, spliced into the JSON line as they are (see
     :meth:`CaptureWriter._append`): base64 needs no JSON escaping, and serialising a
     large frame's string through ``json.dumps`` costs several times the encoding."""
-    return base64.b64encode(b)
+    return _b2a(b, newline=False)
+
+
+_FRAME_KEY = b',"frame":"'
+_SENT_KEY = b',"frame_sent":"'
+try:
+    _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
+except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+    _IOV_MAX = 16
+
+
+def _writev_all(fd: int, parts: list[bytes]) -> None:
+    """Write every piece to ``fd`` in order (``os.writev``, at most IOV_MAX pieces per
+    call, resuming after short writes)."""
+    if not hasattr(os, "writev"):  # pragma: no cover - not POSIX
+        data = memoryview(b"".join(parts))
+        while data:
+            data = data[os.write(fd, data):]
+        return
+    i = 0
+    n_parts = len(parts)
+    while i < n_parts:
+        chunk = parts[i:i + _IOV_MAX]
+        n = os.writev(fd, chunk)
+        for piece in chunk:
+            if n >= len(piece):
+                n -= len(piece)
+                i += 1
+                continue
+            # a short write ended inside this piece: the rest of it goes first next time
+            parts[i] = memoryview(piece)[n:]
+            break
 
 
 class CaptureWriter:
@@ -315,6 +353,7 @@ class CaptureWriter:
         self.flush_lines = max(1, flush_lines)
         self.flush_bytes = max(1, flush_bytes)
         self._pending_bytes = 0
+        self._pending_lines = 0
         self.flush_interval = flush_interval
         self.start_ns = start_ns if start_ns is not None else time.time_ns()
         self.gzip = self.path.name.endswith(".gz")
@@ -363,32 +402,37 @@ class CaptureWriter:
         self._raw.close()
 
     # -- buffering -------------------------------------------------------------
-    def _append(self, obj: dict[str, Any], rotate: bool = True) -> None:
-        raws = [(k, v) for k, v in obj.items() if type(v) is bytes]
-        if raws:  # base64 values: splice them in rather than serialising them
-            small = dict(obj)
-            for k, _ in raws:
-                small[k] = f"@@{k}@@"
-            line = json.dumps(small, separators=(",", ":")).encode("utf-8")
-            for k, v in raws:
-                line = line.replace(f'"@@{k}@@"'.encode(), b'"' + v + b'"', 1)
-            line += b"\n"
+    def _append(self, obj: dict[str, Any], rotate: bool = True,
+                raws: tuple[tuple[bytes, bytes], ...] = ()) -> None:
+        """Buffer one line: ``obj`` as compact JSON, then the ``raws`` (``(key, base64)``
+        pairs, keys pre-encoded as ``b',"name":"'``) appended as string members. The
+        line stays a list of pieces up to the write (``os.writev``), so a large frame's
+        base64 is never copied again after it was made."""
+        head = json.dumps(obj, separators=(",", ":")).encode("utf-8")
+        if raws:
+            parts = [head[:-1]]
+            for key, b64 in raws:
+                parts += (key, b64, b'"')
+            parts.append(b"}\n")
         else:
-            line = (json.dumps(obj, separators=(",", ":")) + "\n").encode("utf-8")
+            parts = [head, b"\n"]
+        size = sum(map(len, parts))
         if (rotate and self.max_bytes is not None and self._part_lines > 0
-                and self._part_bytes + len(line) > self.max_bytes):
+                and self._part_bytes + size > self.max_bytes):
             self._close_part()
             self._open_part(self._part + 1)
-        self._part_bytes += len(line)
+        self._part_bytes += size
         self._part_lines += rotate
         self.lines += 1
         if not self._pending:
             self._pending_since = time.monotonic()
             self._pending_bytes = 0
+            self._pending_lines = 0
             self._arm_timer()
-        self._pending.append(line)
-        self._pending_bytes += len(line)
-        if (len(self._pending) >= self.flush_lines or self._pending_bytes >= self.flush_bytes
+        self._pending += parts
+        self._pending_bytes += size
+        self._pending_lines += 1
+        if (self._pending_lines >= self.flush_lines or self._pending_bytes >= self.flush_bytes
                 or time.monotonic() - self._pending_since >= self.flush_interval):
             self.flush()
 
@@ -409,16 +453,13 @@ class CaptureWriter:
     def _write_pending(self) -> None:
         if not self._pending:
             return
-        data = b"".join(self._pending)
-        self._pending.clear()
+        parts = self._pending
+        self._pending = []
         fh = self._fh
         if fh is self._raw:
-            view = memoryview(data)
-            while view:
-                n = fh.write(view)
-                view = view[n:]
+            _writev_all(fh.fileno(), parts)
         else:
-            fh.write(data)
+            fh.write(b"".join(parts))
             fh.flush(zlib.Z_SYNC_FLUSH)
 
     def flush(self) -> None:
@@ -468,22 +509,22 @@ class CaptureWriter:
                                  sasl_token=token)
                 if r is not None:
                     sent, redacted = r, True
-        rec["frame"] = _b64(frame)
-        if sent is not None and sent != frame:
-            rec["frame_sent"] = _b64(sent)
         if flow.flags:
             rec["flags"] = sorted(flow.flags)
         if redacted:
             rec["redacted"] = True
             self.redacted += 1
         self.frames += 1
-        self._append(rec)
+        if sent is not None and sent != frame:
+            self._append(rec, raws=((_FRAME_KEY, _b64(frame)), (_SENT_KEY, _b64(sent))))
+        else:
+            self._append(rec, raws=((_FRAME_KEY, _b64(frame)),))
 
     def on_connect(self, conn: Any) -> None:
         self._conn_line(conn, "open", getattr(conn, "opened", None) or time.time_ns())
 
     def on_disconnect(self, conn: Any) -> None:
-        self._conn_line(conn, "close", time.time_ns())
+        self._conn_line(conn, "close", getattr(conn, "closed_ns", None) or time.time_ns())
 
     def _conn_line(self, conn: Any, event: str, ts: int) -> None:
         if self._closed:
@@ -541,19 +582,22 @@ def _hostport(addr: Any) -> str:
 
 
 def capture_addon_from_args(args: argparse.Namespace, proxy_config: Any,
-                            codec: Codec) -> CaptureWriter | None:
-    """The :class:`CaptureWriter` the command-line options ask for, or ``None``
-    without ``--capture``. Add it with ``proxy.pipeline.add(writer)``; the pipeline
-    closes it.
+                            codec: Codec) -> Any:
+    """The capture addon the command-line options ask for, or ``None`` without
+    ``--capture``: a :class:`~kinspect.capture_process.CaptureProcess` (the writing
+    runs in a child process, off the event loop). Add it with
+    ``proxy.pipeline.add(writer)``; the pipeline closes it.
 
     Raises:
-        OSError: the capture file cannot be created.
+        CaptureError: the capture file cannot be created.
     """
+    from .capture_process import CaptureProcess
+
     name = getattr(args, "capture", None)
     if not name:
         return None
     path = resolve_capture_path(name)
-    writer = CaptureWriter(
+    writer = CaptureProcess(
         path, codec,
         upstream=_hostport(getattr(proxy_config, "upstream", None)),
         listen=_hostport(getattr(proxy_config, "listen", None)),

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import threading
@@ -25,6 +26,7 @@ from kinspect.capture import (REDACTION_MARKER, CaptureError, CaptureWarning, Ca
                               add_capture_options, capture_addon_from_args, flows_from_records,
                               load_capture, part_path, read_capture, redact_frame,
                               redaction_marker)
+from kinspect.capture_process import CaptureProcess
 from kinspect.codec import Codec
 from kinspect.codec.protocol import Request, Response
 from kinspect.export import export_pcapng
@@ -373,15 +375,20 @@ def test_capture_options_and_addon(tmp_path, monkeypatch):
 # ---------------------------------------------------------------------------
 
 class ProxyThread:
-    """The real proxy on its own event loop in a thread, with a CaptureWriter."""
+    """The real proxy on its own event loop in a thread, with a CaptureWriter and,
+    writing the same events to ``child_capture``, a CaptureProcess."""
 
-    def __init__(self, upstream: str, capture: Path):
+    def __init__(self, upstream: str, capture: Path, child_capture: Path | None = None):
         host, port = upstream.rsplit(":", 1)
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.proxy = Proxy(ProxyConfig(upstream=(host, int(port))), CODEC)
         self.writer = CaptureWriter(capture, CODEC, upstream=upstream)
         self.proxy.pipeline.add(self.writer)
+        if child_capture is not None:
+            self.child = CaptureProcess(child_capture, CODEC, upstream=upstream,
+                                        start_ns=self.writer.start_ns)
+            self.proxy.pipeline.add(self.child)
 
     def __enter__(self) -> "ProxyThread":
         self.thread.start()
@@ -476,10 +483,21 @@ def recorded(tmp_path_factory):
     """A capture of both clients (4 compressions each) through the proxy into Tansu."""
     path = tmp_path_factory.mktemp("real") / "clients.jsonl.gz"
     with TansuBroker() as broker:
-        with ProxyThread(broker.bootstrap, path) as pt:
+        with ProxyThread(broker.bootstrap, path, path.with_name("child.jsonl.gz")) as pt:
             kp = _kafka_python(pt.bootstrap, "cap-kafka-python")
             cf = _confluent(pt.bootstrap, "cap-confluent")
     return path, {"cap-kafka-python": kp, "cap-confluent": cf}
+
+
+def test_capture_process_writes_what_the_in_process_writer_writes(recorded):
+    """The capture child process (what `kinspect proxy --capture` uses) writes,
+    for the same real traffic, the very bytes CaptureWriter writes in-process."""
+    path, _ = recorded
+    child = path.with_name("child.jsonl.gz")
+    mine = gzip.decompress(path.read_bytes())
+    theirs = gzip.decompress(child.read_bytes())
+    assert mine.count(b"\n") > 50 and b'"type":"frame"' in mine
+    assert theirs == mine
 
 
 def _produced_batches(cap, topic):
@@ -608,3 +626,26 @@ def test_delegation_token_hmacs_are_redacted(api_key):
     out = redact_frame(codec, frame, "req", api_key, 2)
     assert out is not None and len(out) == len(frame) and b"token-hmac-secret" not in out
     assert codec.decode_request(out).body.Hmac == redaction_marker(len(hmac))
+
+
+def test_writev_all_resumes_after_short_writes(tmp_path, monkeypatch):
+    """Every piece reaches the file in order even when the kernel takes fewer bytes
+    than offered (as os.writev may after a signal) and pieces outnumber IOV_MAX."""
+    from kinspect import capture as cap
+
+    real = os.writev
+    calls = []
+
+    def short_writev(fd, parts):
+        calls.append(len(parts))
+        assert len(parts) <= cap._IOV_MAX
+        data = b"".join(bytes(p) for p in parts)
+        return real(fd, [data[:7]])  # at most 7 bytes per call
+
+    monkeypatch.setattr(cap.os, "writev", short_writev)
+    pieces = [bytes([65 + i % 26]) * (i % 5) for i in range(3000)]
+    path = tmp_path / "out"
+    with open(path, "wb", buffering=0) as fh:
+        cap._writev_all(fh.fileno(), list(pieces))
+    assert path.read_bytes() == b"".join(pieces)
+    assert len(calls) > 1

@@ -760,6 +760,54 @@ async def test_signal_delivers_in_flight_frames_and_leaves_a_whole_capture(
             f"{name}: a response the client received is missing from the capture"
 
 
+def _capture_children(cap: Path) -> list[int]:
+    """Pids of capture child processes writing ``cap`` (from /proc)."""
+    pids = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"kinspect.capture_process" in cmd and str(cap).encode() in cmd:
+            pids.append(int(d.name))
+    return pids
+
+
+async def test_proxy_killed_outright_still_leaves_a_whole_capture(tansu, tmp_path, unique):
+    """SIGKILL the proxy under traffic: its capture child process sees the end of its
+    input, writes every frame it was handed as whole lines and exits; the captured
+    requests of each client are the ones it sent, in order."""
+    topic = unique("kill")
+    create_topic(tansu.bootstrap, topic)
+    cap = tmp_path / "cap.jsonl"
+    proxy = ProxyProcess(tansu.bootstrap, tmp_path, "--capture", str(cap))
+    assert _capture_children(cap), "no capture child process running"
+    batch = record_batch([os.urandom(10 * 1024)])
+    raw = await Raw.open(*proxy.address)
+    sent: list[bytes] = []
+    try:
+        for corr in range(1, 101):
+            q = produce(corr, topic, batch)
+            sent.append(q)
+            assert corr_of(await roundtrip(raw, q)) == corr
+        proxy.stop(signal.SIGKILL)
+    finally:
+        raw.close()
+    await wait_for(lambda: not _capture_children(cap), timeout=30,
+                   what="the capture child to finish after the proxy died")
+    data = cap.read_bytes()
+    assert data.endswith(b"\n"), "capture ends in a torn line"
+    records = [json.loads(line) for line in data.splitlines()]
+    assert records[0]["type"] == "session"
+    reqs = [base64.b64decode(r["frame"]) for r in records
+            if r.get("type") == "frame" and r["dir"] == "req"]
+    # the pipeline hands frames on in batches: the last moments may be missing,
+    # but what is there is whole and in order
+    assert 0 < len(reqs) <= len(sent) and reqs == sent[:len(reqs)]
+
+
 # ---------------------------------------------------------------------------
 # cut-through forwarding of responses (sans-io part)
 # ---------------------------------------------------------------------------
@@ -899,6 +947,72 @@ async def test_a_slow_pipeline_pauses_forwarding_instead_of_growing(tansu, uniqu
         # at most a few reads' worth of frames past the mark before reading stops
         assert slow.most_waiting <= 128 * 1024 + 2 * MiB, slow.most_waiting
         assert proxy.stats.decode_skipped > 0
+    finally:
+        await proxy.close()
+
+
+class _QueueingAddon:
+    """An addon with its own queue (like the capture child process): every flow adds
+    its bytes to ``backlog_bytes``; a thread takes them away slowly."""
+
+    def __init__(self, rate_per_10ms: int):
+        self.backlog_bytes = 0
+        self.most = 0
+        self.flows = 0
+        self.rate = rate_per_10ms
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def on_flow(self, flow) -> None:
+        with self.lock:
+            self.backlog_bytes += len(flow.request) + len(flow.response or b"")
+            self.most = max(self.most, self.backlog_bytes)
+        self.flows += 1
+
+    def _drain(self) -> None:
+        while not self.stop.wait(0.01):
+            with self.lock:
+                self.backlog_bytes = max(0, self.backlog_bytes - self.rate)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(5)
+
+
+async def test_an_addon_queue_that_falls_behind_pauses_forwarding(tansu, unique):
+    """An addon's own backlog (``backlog_bytes``) counts toward ``pause_bytes``: the
+    proxy stops reading while it is high and resumes by itself when the addon's
+    queue drains, with no pipeline event to prompt it; every request is answered."""
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    topic = unique("addonq")
+    create_topic(tansu.bootstrap, topic)
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    pipeline = Pipeline(codec(), pause_bytes=512 * 1024)
+    addon = _QueueingAddon(rate_per_10ms=100 * 1024)
+    pipeline.add(addon)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+    await proxy.start()
+    batch = record_batch([os.urandom(10 * 1024)])
+    try:
+        raw = await Raw.open(*proxy.address)
+        for r in range(10):
+            reqs = [produce(r * 20 + k + 1, topic, batch) for k in range(20)]
+            raw.send(*reqs)
+            for q in reqs:
+                resp = await raw.read(timeout=30)
+                assert resp is not None and corr_of(resp) == req_corr(q)
+        raw.close()
+        await proxy.pipeline.drained()
+        assert proxy.stats.overloads >= 1, "the addon's backlog never paused the proxy"
+        await wait_for(lambda: not proxy.overloaded, timeout=10,
+                       what="the proxy to resume once the addon caught up")
+        assert addon.flows == 200
+        # reading stops soon after the mark: a few reads' worth past it at most
+        assert addon.most <= 512 * 1024 + 2 * MiB, addon.most
     finally:
         await proxy.close()
 

@@ -11,11 +11,14 @@ sheds work, never frames:
 * when more than ``pause_bytes`` bytes of frames wait (addons such as a capture
   cannot keep up), the proxy stops reading every connection until the backlog is
   under half of that (``Proxy.overload``, counted in ``Stats.overloads``): the
-  queue stays bounded and forwarding slows down instead.
+  queue stays bounded and forwarding slows down instead. An addon with its own
+  queue (a capture child process) exposes it as a ``backlog_bytes`` attribute,
+  which counts here too.
 
 Addons are plain objects with any of these methods (mitmproxy-style hooks):
 ``on_connect(conn)``, ``on_request(flow)``, ``on_flow(flow)``,
-``on_disconnect(conn)``, ``close()``.
+``on_disconnect(conn)``, ``close()`` (or ``async aclose()``, preferred when both
+exist).
 """
 
 from __future__ import annotations
@@ -105,12 +108,16 @@ class Pipeline:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting_flows = 0
         self._idle = asyncio.Event()
+        self._queued_addons = [a for a in self.addons if hasattr(a, "backlog_bytes")]
+        self._recheck: asyncio.TimerHandle | None = None
 
     def attach(self, proxy: Any) -> None:
         self.proxy = proxy
 
     def add(self, addon: Any) -> None:
         self.addons.append(addon)
+        if hasattr(addon, "backlog_bytes"):
+            self._queued_addons.append(addon)
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -140,9 +147,34 @@ class Pipeline:
                 self.proxy.stats.decode_skipped += 1
         self._waiting_flows += 1
         self._push((_FLOW, flow))
-        if (self.pause_bytes is not None and self.backlog_bytes > self.pause_bytes
-                and self.proxy is not None and not self.proxy.overloaded):
+        if self.pause_bytes is not None and self.proxy is not None and \
+                not self.proxy.overloaded and self.total_backlog() > self.pause_bytes:
             self.proxy.overload(True)
+            self._arm_recheck()
+
+    def total_backlog(self) -> int:
+        """Bytes of frames waiting: in this queue plus in addons' own queues."""
+        n = self.backlog_bytes
+        for a in self._queued_addons:
+            n += a.backlog_bytes
+        return n
+
+    def _arm_recheck(self) -> None:
+        # while paused, look again every 10 ms: an addon's queue drains on its own
+        # (another thread or process), with no pipeline event to notice it
+        if self._recheck is None:
+            loop = self._loop or asyncio.get_running_loop()
+            self._recheck = loop.call_later(0.01, self._check_overload)
+
+    def _check_overload(self) -> None:
+        self._recheck = None
+        proxy = self.proxy
+        if proxy is None or self.pause_bytes is None or not proxy.overloaded:
+            return
+        if self.total_backlog() <= self.pause_bytes // 2:
+            proxy.overload(False)
+        else:
+            self._arm_recheck()
 
     def connected(self, conn: Any) -> None:
         self._push((_CONN, conn))
@@ -172,10 +204,8 @@ class Pipeline:
                 log.exception("pipeline: error while handling an event")
             if time.perf_counter() > deadline:
                 break
-        proxy = self.proxy
-        if (proxy is not None and proxy.overloaded and self.pause_bytes is not None
-                and self.backlog_bytes <= self.pause_bytes // 2):
-            proxy.overload(False)
+        if self.proxy is not None and self.proxy.overloaded:
+            self._check_overload()
         if q:
             (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
         else:
@@ -211,8 +241,11 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.drained()
+        if self._recheck is not None:
+            self._recheck.cancel()
+            self._recheck = None
         for a in self.addons:
-            fn = getattr(a, "close", None)
+            fn = getattr(a, "aclose", None) or getattr(a, "close", None)
             if fn is not None:
                 try:  # every addon gets closed (a capture must be flushed) whatever the others do
                     res = fn()

@@ -482,7 +482,7 @@ class Connection:
 
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
                  "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
-                 "up_hold", "opened", "draining", "__weakref__")
+                 "up_hold", "opened", "closed_ns", "draining", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -506,6 +506,8 @@ class Connection:
         self.client_hold = HOLD_CONNECTING
         self.up_hold = 0
         self.opened = time.time_ns()
+        #: time.time_ns() when the connection was closed (``None`` while open)
+        self.closed_ns: int | None = None
 
     @property
     def pending(self) -> dict[int, Flow]:
@@ -706,7 +708,7 @@ class Connection:
         if self.up_tr is not None and not self.up_tr.is_closing():
             self.up_tr.close()
         _end_client(self.proxy, self.client_tr)
-        now = time.time_ns()
+        now = self.closed_ns = time.time_ns()
         for flow in self.tracker.close():
             self.proxy.pipeline.complete(flow)
         if self in self.proxy.connections:
