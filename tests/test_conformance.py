@@ -89,6 +89,21 @@ def _check_round_trip(reg: SpecRegistry, name: str, version: int, value) -> None
     assert bytes(out) == raw
     # plain dicts round-trip too
     assert codec.cls.from_dict(back.to_dict()) == back
+    # the scanner (no objects built) finds the same end and top-level tags
+    assert codec.top_level_tags(raw, version) == _top_level_tags(codec.spec, version, back)
+
+
+def _top_level_tags(spec, version: int, value) -> frozenset[int]:
+    """Oracle: the top-level tags a decoded value says were on the wire."""
+    if not spec.is_flexible(version):
+        return frozenset()
+    present = getattr(value, "_present", None) or ()
+    tags = set(value.unknown_tags)
+    for f in spec.struct.fields:
+        if f.tagged_in(version) and (getattr(value, f.name) != f.fresh_default()
+                                     or f.tag in present):
+            tags.add(f.tag)
+    return frozenset(tags)
 
 
 def _round_trip_test(reg: SpecRegistry, name: str, version: int, cfg: settings) -> None:

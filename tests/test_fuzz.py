@@ -128,7 +128,18 @@ def _decode(direction: str, api_key: int, version: int, frame: bytes):
     return CODEC.decode_response(frame, api_key, version)
 
 
+def _scan(direction: str, api_key: int, version: int, frame: bytes):
+    """Top-level tags by the scanner (responses), or the DecodeError it raised."""
+    if direction != "resp":
+        return None
+    try:
+        return CODEC.response_top_level_tags(frame, api_key, version)
+    except DecodeError as e:
+        return e
+
+
 def _check(direction: str, api_key: int, version: int, frame: bytes) -> None:
+    scanned = _scan(direction, api_key, version, frame)  # only DecodeError may escape
     try:
         msg = _decode(direction, api_key, version, frame)
     except DecodeError as e:
@@ -137,6 +148,15 @@ def _check(direction: str, api_key: int, version: int, frame: bytes) -> None:
         str(e)
         e.to_dict()
         return
+    # what decodes, the scanner walks too, to the same top-level tags
+    if scanned is not None:
+        assert not isinstance(scanned, DecodeError), scanned
+        if msg.body is not None and msg.api_version == version:
+            assert scanned == frozenset(msg.body.unknown_tags) | {
+                f.tag for f in msg.body._spec.fields
+                if f.tagged_in(version) and (getattr(msg.body, f.name) != f.fresh_default()
+                                             or f.tag in (getattr(msg.body, "_present", None)
+                                                          or ()))}
     # decoded: re-encoding gives bytes that decode to the same message (stable)
     try:
         again = CODEC.encode_request(msg) if direction == "req" else CODEC.encode_response(msg)

@@ -14,7 +14,7 @@ import pytest
 
 from clients import roundtrip_async
 from kinspect.brokers import TansuBroker
-from kinspect.codec import Codec
+from kinspect.codec import Codec, DecodeError
 from kinspect.codec.values import struct_class
 from kinspect.flows import CLOSED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
 from kinspect.proxy.rewrite import AddressRewriter
@@ -298,6 +298,35 @@ def _multi_broker_bodies(c: Codec, brokers):
         ep = struct_class(spec.struct.field("NodeEndpoints").struct)
         yield api_key, version, struct_class(spec.struct)(
             NodeEndpoints=[ep(NodeId=n, Host=h, Port=p) for n, h, p in brokers])
+
+
+async def test_produce_and_fetch_responses_without_node_endpoints_are_only_scanned(tansu):
+    """Produce v10+ and Fetch v16+ responses are held for KIP-951 NodeEndpoints;
+    one whose top-level tag section lacks the tag (the usual case, also with other,
+    unknown tags) is scanned, not decoded, and forwarded unchanged; one with the tag
+    is decoded and rewritten."""
+    c = codec()
+    reg = c.registry
+    async with running_proxy(tansu.bootstrap) as (proxy, _rec):
+        for api_key, version in ((0, 10), (0, 11), (1, 16), (1, 17)):
+            if not reg.response(api_key).valid_versions.contains(version):
+                continue
+            cls = struct_class(reg.response(api_key).struct)
+            plain = _response_frame(c, api_key, version, cls())
+            assert proxy.rewrite_response(api_key, version, plain) == (None, None)
+            other = _response_frame(c, api_key, version, cls(unknown_tags={5: b"x"}))
+            assert proxy.rewrite_response(api_key, version, other) == (None, None)
+            host, port = tansu.bootstrap.rsplit(":", 1)
+            ep = struct_class(reg.response(api_key).struct.field("NodeEndpoints").struct)
+            tagged = _response_frame(c, api_key, version, cls(
+                NodeEndpoints=[ep(NodeId=1, Host=host, Port=int(port))],
+                unknown_tags={5: b"x"}))
+            new, resp = proxy.rewrite_response(api_key, version, tagged)
+            assert new is not None and resp is not None
+            assert resp.body.NodeEndpoints[0].Port == proxy.address[1]
+        # a malformed one still fails like a decode would
+        with pytest.raises(DecodeError):
+            proxy.rewrite_response(0, 10, plain[:-3] + b"\x05\x05\x05")
 
 
 async def test_undecodable_frames_are_forwarded_unchanged_and_flagged(tansu):

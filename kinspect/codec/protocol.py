@@ -226,6 +226,25 @@ class Codec:
                               expected="int32 correlation id")
         return _I(frame, 0)[0]
 
+    def response_top_level_tags(self, frame: bytes, api_key: int,
+                                api_version: int) -> frozenset[int]:
+        """Tag numbers in the top-level tag section of a response body, without
+        decoding the body (see :meth:`MessageCodec.top_level_tags
+        <kinspect.codec.registry.MessageCodec.top_level_tags>`).
+
+        Raises:
+            DecodeError: malformed frame, or no spec for the api key/version.
+        """
+        hv = self.response_header_version(api_key, api_version)
+        spec = self.registry.response(api_key)
+        if hv is None or spec is None:
+            # unknown api key or version: raises, except for an ApiVersions version
+            # refused with a v0 body, which has no tag section
+            self.decode_response(frame, api_key, api_version)
+            return frozenset()
+        _, pos = self._resp_header.decode_from(frame, hv, 0)
+        return self.registry.codec(spec).top_level_tags(frame, api_version, pos)
+
     def decode_response(self, frame: bytes, api_key: int, api_version: int, *,
                         body: bool = True) -> Response:
         """Decode a response to a request of ``(api_key, api_version)``.

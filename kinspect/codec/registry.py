@@ -200,12 +200,13 @@ class MessageCodec:
     (:mod:`kinspect.codec.compiler`).
     """
 
-    __slots__ = ("_compiled", "api", "cls", "spec")
+    __slots__ = ("_compiled", "_scanners", "api", "cls", "spec")
 
     def __init__(self, spec: MessageSpec):
         self.spec = spec
         self.cls = struct_class(spec.struct)
         self._compiled: dict[int, CompiledVersion] = {}
+        self._scanners: dict[int, Any] = {}
         self.api = spec.name
 
     def compiled(self, version: int) -> CompiledVersion:
@@ -321,6 +322,37 @@ class MessageCodec:
         finally:
             if paused:
                 _gc_enable()
+
+    def top_level_tags(self, buf: bytes, version: int, pos: int = 0,
+                       end: int | None = None) -> frozenset[int]:
+        """The tag numbers in the top-level tag section (KIP-482) of the message in
+        ``buf[pos:end]``, known and unknown, found by walking the message without
+        building it (:mod:`kinspect.codec.scan`); empty for non-flexible versions.
+
+        Raises:
+            DecodeError: malformed input (with the path and offset a full decode
+                gives), or a version the spec does not define.
+        """
+        if end is None:
+            end = len(buf)
+        scan = self._scanners.get(version)
+        if scan is None:
+            if not self.spec.valid_versions.contains(version):
+                raise DecodeError(f"{self.spec.name} has no version {version} "
+                                  f"(valid: {self.spec.valid_versions})", offset=pos,
+                                  api=self.api, version=version)
+            from .scan import compile_scanner
+
+            scan = self._scanners[version] = compile_scanner(self.spec, version)
+        try:
+            p, tags = scan(buf, pos, end)
+            if p == end:
+                return frozenset(tags)
+        except _DECODE_FAILURES:
+            pass
+        self.decode(buf, version, pos, end)  # raises the precise DecodeError
+        raise DecodeError("the message decodes but its scan failed (a kinspect bug)",
+                          offset=pos, api=self.api, version=version)
 
     def peek_field(self, buf: bytes, version: int, pos: int, name: str) -> Any:
         """Read one top-level field without decoding the whole message: only the

@@ -74,6 +74,21 @@ class AddressRewriter:
                 return True
         return False
 
+    def trigger_tags(self, api_key: int, api_version: int) -> frozenset[int] | None:
+        """When every endpoint of this api version sits under a top-level tagged
+        field (KIP-951 ``NodeEndpoints`` of Produce and Fetch responses), the tags of
+        those fields: a response without any of them in its top-level tag section
+        has no address to rewrite. ``None`` when some endpoint is always on the wire
+        (Metadata, FindCoordinator, DescribeCluster...)."""
+        tags = set()
+        for path, _node in self.paths(api_key):
+            if not all(f.versions.contains(api_version) for f in path):
+                continue
+            if len(path) < 2 or not path[0].tagged_in(api_version):
+                return None
+            tags.add(path[0].tag)
+        return frozenset(tags)
+
     def rewrite(self, api_key: int, api_version: int, body: Struct, mapper: Mapper) -> int:
         """Rewrite every endpoint in ``body`` in place; return how many changed."""
         changed = 0

@@ -36,6 +36,7 @@ from .rewrite import AddressRewriter
 from .tracker import FlowTracker
 
 log = logging.getLogger("kinspect.proxy")
+_UNSET = object()
 
 _SIZE = struct.Struct(">i").pack
 _I = struct.Struct(">i").unpack_from
@@ -301,6 +302,7 @@ class Proxy:
         self._closing = False
         self._tasks: set[asyncio.Task] = set()  # listener start-ups in flight
         self._rw_cache: dict[tuple[int, int], bool] = {}
+        self._trigger_cache: dict[tuple[int, int], frozenset[int] | None] = {}
         #: Optional frame mutators (the tagged-field workbench): callables
         #: ``(flow, frame) -> bytes | None`` returning a replacement frame (without
         #: size prefix) or ``None`` to leave the frame alone. With no request
@@ -427,11 +429,24 @@ class Proxy:
         """Rewrite the broker addresses in a response frame to this proxy's listeners
         (creating listeners for brokers seen for the first time).
 
+        Responses whose addresses can only be in top-level tagged fields (Produce
+        v10+, Fetch v16+: KIP-951 ``NodeEndpoints``) are first scanned for those tags
+        (:meth:`~kinspect.codec.Codec.response_top_level_tags`) and decoded only
+        when one is there.
+
         Returns:
-            ``(new frame or None if nothing changed, the decoded response)``.
+            ``(new frame or None if nothing changed, the decoded response or None
+            when it was only scanned)``.
         Raises:
             DecodeError: the frame does not decode; EncodeError: it cannot be re-encoded.
         """
+        key = (api_key, api_version)
+        tags = self._trigger_cache.get(key, _UNSET)
+        if tags is _UNSET:
+            tags = self._trigger_cache[key] = self.rewriter.trigger_tags(api_key, api_version)
+        if tags is not None and not tags & self.codec.response_top_level_tags(
+                frame, api_key, api_version):
+            return None, None  # e.g. Produce/Fetch without NodeEndpoints: nothing to do
         resp = self.codec.decode_response(frame, api_key, api_version)
         if not self.rewriter.rewrite(api_key, api_version, resp.body, self.map_address):
             return None, resp
