@@ -3,12 +3,14 @@
 :class:`CaptureProcess` is a pipeline addon with the same hooks and the same output
 as :class:`~kinspect.capture.CaptureWriter`, but the costly part of a capture (base64
 of every frame, JSON, redaction, the file writes) runs in a child process running a
-``CaptureWriter``, on another core. The proxy's side only hands each frame on:
-a small JSON header plus the frame bytes, written to a pipe by a writer thread
-(``os.writev`` releases the GIL, so the event loop does not wait for the child).
+``CaptureWriter``, on another core. The proxy's side only hands each frame on: a
+small header plus the frame bytes, written to a non-blocking pipe once per event
+loop iteration (one ``os.writev`` for everything handed on meanwhile; when the pipe
+is full the rest waits for it to drain, watched by the event loop).
 
-Messages on the pipe: ``>II`` (header length, payload length), the header (UTF-8
-JSON), the payload (the frame, then the sent frame when it differs).
+Messages on the pipe: ``>II`` (header length, payload length), the header (a
+:mod:`marshal` tuple: parent and child run the same interpreter), the payload (the
+frame, then the sent frame when it differs).
 
 Guarantees:
 
@@ -25,20 +27,20 @@ Guarantees:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
+import marshal
 import os
 import select
 import struct
 import subprocess
 import sys
-import threading
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
-from .capture import CaptureError, CaptureWriter, _writev_all
+from .capture import _IOV_MAX, CaptureError, CaptureWriter
 from .codec import Codec, KinspectError
 from .codec.registry import SpecRegistry, SpecSource
 from .flows import UNPAIRED, Flow
@@ -46,6 +48,7 @@ from .flows import UNPAIRED, Flow
 log = logging.getLogger("kinspect.capture")
 
 _HDR = struct.Struct(">II")
+_marshal_dumps = marshal.dumps
 _START_TIMEOUT = 60.0
 _STOP_TIMEOUT = 120.0
 
@@ -89,6 +92,7 @@ class CaptureProcess:
                   "secrets": secrets, "max_bytes": max_bytes, "sources": sources,
                   "start_ns": start_ns if start_ns is not None else time.time_ns()}
         r, w = os.pipe()
+        _grow_pipe(w)
         # the child imports this very kinspect, wherever it was imported from
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parents[1])
@@ -112,25 +116,87 @@ class CaptureProcess:
             self._proc.communicate()
             reason = ready.decode(errors="replace").strip() or "it exited without a word"
             raise CaptureError(f"capture process failed: {reason}", self.path)
-        self._q: deque = deque()
-        self._cv = threading.Condition()
-        self._writer_error: BaseException | None = None
-        self._thread = threading.Thread(target=self._write_loop, name="kinspect-capture",
-                                        daemon=True)
-        self._thread.start()
+        os.set_blocking(w, False)
+        #: pieces handed on and not yet in the pipe
+        self._out: list = []
+        self._loop: Any = None
+        self._scheduled = False
+        self._watching = False
+        self._broken = False
 
     # -- the hand-off (event loop side) -------------------------------------------
-    def _send(self, header: dict[str, Any], *payload: bytes) -> None:
-        if self._closed or self._writer_error is not None:
+    def _send(self, header: tuple, *payload: bytes) -> None:
+        if self._closed or self._broken:
             return
-        h = json.dumps(header, separators=(",", ":")).encode()
-        n = sum(len(p) for p in payload)
-        parts = (_HDR.pack(len(h), n), h, *payload)
-        size = 8 + len(h) + n
-        with self._cv:
-            self._q.append((parts, size))
-            self.backlog_bytes += size
-            self._cv.notify()
+        h = _marshal_dumps(header)
+        n = 0
+        for piece in payload:
+            n += len(piece)
+        self._out += (_HDR.pack(len(h), n), h, *payload)
+        self.backlog_bytes += 8 + len(h) + n
+        if not self._scheduled and not self._watching:
+            self._scheduled = True
+            try:
+                loop = self._loop or asyncio.get_running_loop()
+            except RuntimeError:  # no event loop: write now, waiting if need be
+                self._scheduled = False
+                self._write_blocking()
+                return
+            self._loop = loop
+            loop.call_soon(self._write)
+
+    def _write(self) -> None:
+        """(On the event loop) write what the pipe takes now; watch it for the rest."""
+        self._scheduled = False
+        if not self._write_some():
+            return
+        if self._out and not self._watching:
+            self._watching = True
+            self._loop.add_writer(self._fd, self._write)
+        elif not self._out and self._watching:
+            self._watching = False
+            self._loop.remove_writer(self._fd)
+
+    def _write_some(self) -> bool:
+        """Write pieces until the pipe is full or nothing is left; ``False`` when the
+        child is gone."""
+        out = self._out
+        try:
+            while out:
+                chunk = out[:_IOV_MAX]
+                n = os.writev(self._fd, chunk)
+                self.backlog_bytes -= n
+                i = 0
+                for piece in chunk:
+                    if n >= len(piece):
+                        n -= len(piece)
+                        i += 1
+                        continue
+                    out[i] = memoryview(piece)[n:]
+                    break
+                del out[:i]
+                if i < len(chunk):  # the pipe is full
+                    break
+        except BlockingIOError:
+            pass
+        except OSError as e:  # the child is gone: say so once, stop capturing
+            self._fail(e)
+            return False
+        return True
+
+    def _write_blocking(self) -> None:
+        """Write everything, waiting for the pipe (no event loop involved)."""
+        while self._out and not self._broken:
+            if not select.select([], [self._fd], [], _STOP_TIMEOUT)[1]:
+                self._fail(TimeoutError(f"pipe not writable for {_STOP_TIMEOUT:.0f} s"))
+                return
+            self._write_some()
+
+    def _fail(self, e: BaseException) -> None:
+        self._broken = True
+        self._out.clear()
+        self.backlog_bytes = 0
+        log.error("capture process stopped taking frames (%s); the capture ends here", e)
 
     def write_frame(self, flow: Flow, direction: str, frame: bytes, sent: bytes | None,
                     ts_ns: int) -> None:
@@ -138,11 +204,9 @@ class CaptureProcess:
         :meth:`CaptureWriter.write_frame <kinspect.capture.CaptureWriter.write_frame>`)."""
         if sent is not None and sent == frame:
             sent = None
-        header = {"t": "f", "ts": ts_ns, "conn": flow.conn, "dir": direction,
-                  "client": flow.client, "upstream": flow.upstream, "flow": flow.id,
-                  "api_key": flow.api_key, "api_version": flow.api_version,
-                  "corr": flow.correlation_id, "flags": sorted(flow.flags),
-                  "fl": len(frame)}
+        header = ("f", ts_ns, flow.conn, direction, flow.client, flow.upstream, flow.id,
+                  flow.api_key, flow.api_version, flow.correlation_id,
+                  tuple(sorted(flow.flags)) if flow.flags else (), len(frame))
         self.frames += 1
         if sent is None:
             self._send(header, frame)
@@ -156,8 +220,7 @@ class CaptureProcess:
         self._conn(conn, "close", getattr(conn, "closed_ns", None) or time.time_ns())
 
     def _conn(self, conn: Any, event: str, ts: int) -> None:
-        self._send({"t": "c", "event": event, "ts": ts, "conn": conn.id,
-                    "client": conn.client, "upstream": conn.upstream_addr})
+        self._send(("c", event, ts, conn.id, conn.client, conn.upstream_addr))
 
     def on_request(self, flow: Flow) -> None:
         if UNPAIRED in flow.flags:
@@ -170,57 +233,30 @@ class CaptureProcess:
         self.write_frame(flow, "resp", flow.response, flow.response_sent,
                          flow.response_ns or time.time_ns())
 
-    # -- the writer thread ----------------------------------------------------------
-    def _write_loop(self) -> None:
-        fd = self._fd
-        q = self._q
-        cv = self._cv
-        while True:
-            with cv:
-                while not q:
-                    cv.wait()
-                batch = list(q)
-                q.clear()
-            if batch[-1] is None:
-                batch.pop()
-                stop = True
-            else:
-                stop = False
-            parts: list = []
-            for item_parts, _size in batch:
-                parts.extend(item_parts)
-            try:
-                _writev_all(fd, parts)
-            except OSError as e:  # the child died: stop, and say so once
-                self._writer_error = e
-                log.error("capture process stopped taking frames (%s); capture ends here", e)
-                stop = True
-            with cv:
-                self.backlog_bytes -= sum(s for _p, s in batch)
-            if stop:
-                return
-
     # -- end ------------------------------------------------------------------------
     def close(self) -> None:
         """Send what is queued, end the child's input and wait for it to finish the
-        file (blocking; idempotent)."""
+        file (blocking; idempotent). Call it from the event loop's thread, or after
+        the loop has stopped."""
         if not self._closed:
             self._closed = True
+            self._unwatch()
             self._finish()
 
     async def aclose(self) -> None:
         """:meth:`close` without blocking the event loop (the pipeline uses this)."""
         if not self._closed:
             self._closed = True
-            import asyncio
-
+            self._unwatch()
             await asyncio.get_running_loop().run_in_executor(None, self._finish)
 
+    def _unwatch(self) -> None:
+        if self._watching:
+            self._watching = False
+            self._loop.remove_writer(self._fd)
+
     def _finish(self) -> None:
-        with self._cv:
-            self._q.append(None)
-            self._cv.notify()
-        self._thread.join()
+        self._write_blocking()
         os.close(self._fd)
         try:
             out, _ = self._proc.communicate(timeout=_STOP_TIMEOUT)
@@ -237,6 +273,17 @@ class CaptureProcess:
                 self.paths = [Path(p) for p in info["paths"]]
         if self._proc.returncode != 0:
             log.error("capture process exited with status %s", self._proc.returncode)
+
+
+def _grow_pipe(fd: int) -> None:
+    """Give the pipe 1 MiB of buffer where Linux allows (default 64 KiB), so large
+    frames rarely wait for the child."""
+    try:
+        import fcntl
+
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except (ImportError, AttributeError, OSError):
+        pass
 
 
 def _readable(fh: Any, timeout: float) -> bool:
@@ -281,7 +328,7 @@ def _child(config: dict[str, Any]) -> int:
             end = pos + 8 + hlen + plen
             if end > len(buf):
                 break
-            header = json.loads(bytes(buf[pos + 8:pos + 8 + hlen]))
+            header = marshal.loads(bytes(buf[pos + 8:pos + 8 + hlen]))
             payload = bytes(buf[pos + 8 + hlen:end])
             pos = end
             _apply(writer, header, payload)
@@ -296,20 +343,19 @@ def _child(config: dict[str, Any]) -> int:
     return 0
 
 
-def _apply(writer: Any, h: dict[str, Any], payload: bytes) -> None:
-    if h["t"] == "c":
+def _apply(writer: Any, h: tuple, payload: bytes) -> None:
+    if h[0] == "c":
+        _, event, ts, conn_id, client, upstream = h
         conn = _Conn()
-        conn.id, conn.client, conn.upstream_addr, conn.opened = \
-            h["conn"], h["client"], h["upstream"], h["ts"]
-        writer._conn_line(conn, h["event"], h["ts"])
+        conn.id, conn.client, conn.upstream_addr, conn.opened = conn_id, client, upstream, ts
+        writer._conn_line(conn, event, ts)
         return
-    flow = Flow(h["flow"], h["conn"], h["client"], h["upstream"], h["api_key"],
-                h["api_version"], h["corr"], "", b"", h["ts"])
-    flow.flags = set(h["flags"])
-    fl = h["fl"]
+    _, ts, conn_id, direction, client, upstream, flow_id, api_key, api_version, corr, flags, fl = h
+    flow = Flow(flow_id, conn_id, client, upstream, api_key, api_version, corr, "", b"", ts)
+    flow.flags = set(flags)
     frame = payload[:fl] if fl < len(payload) else payload
     sent = payload[fl:] if fl < len(payload) else None
-    writer.write_frame(flow, h["dir"], frame, sent, h["ts"])
+    writer.write_frame(flow, direction, frame, sent, ts)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,7 +31,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from .codec import Codec, DecodeError
-from .codec.records import RecordSet, decode_records, render_bytes
+from .codec.records import RecordSet, decode_records, render_bytes, scan_batches
 from .codec.spec import uuid_to_text
 from .filters import TopicIds
 
@@ -79,8 +79,14 @@ def format_time(ns: int | None) -> str:
     """Local wall-clock ``HH:MM:SS.mmm`` of a ``time.time_ns()`` value."""
     if not ns:
         return ""
-    t = _dt.datetime.fromtimestamp(ns / 1e9)
-    return t.strftime("%H:%M:%S.") + f"{t.microsecond // 1000:03d}"
+    sec, rest = divmod(ns, 1_000_000_000)
+    global _last_second
+    if _last_second[0] != sec:
+        _last_second = (sec, _dt.datetime.fromtimestamp(sec).strftime("%H:%M:%S."))
+    return _last_second[1] + f"{rest // 1_000_000:03d}"
+
+
+_last_second: tuple[int, str] = (-1, "")
 
 
 def format_latency(ns: int | None) -> str:
@@ -144,24 +150,26 @@ def records_fields(body: Any, topic_ids: TopicIds | None = None) -> list[Records
     out: list[RecordsField] = []
 
     def visit(s: Any, path: str, topic: str | None) -> None:
-        spec = s._spec
+        names, walk = _records_plan(s._spec)
         part = None
-        for f in spec.fields:
-            v = getattr(s, f.name)
-            if f.entity_type == "topicName" and isinstance(v, str) and v:
-                topic = v
-            elif f.type == "uuid" and f.name == "TopicId" and v and any(v) and not topic:
-                name = topic_ids.name(v) if topic_ids is not None else None
-                topic = name or uuid_to_text(bytes(v))
-            elif f.name in _PARTITION_NAMES and f.type == "int32":
+        for kind, name in names:
+            v = getattr(s, name)
+            if kind == _TOPIC:
+                if isinstance(v, str) and v:
+                    topic = v
+            elif kind == _TOPIC_ID:
+                if v and any(v) and not topic:
+                    resolved = topic_ids.name(v) if topic_ids is not None else None
+                    topic = resolved or uuid_to_text(bytes(v))
+            else:
                 part = v
-        for f in spec.fields:
-            v = getattr(s, f.name)
-            p = f"{path}.{f.name}" if path else f.name
-            if f.type == "records":
+        for name, is_records, is_array in walk:
+            v = getattr(s, name)
+            p = f"{path}.{name}" if path else name
+            if is_records:
                 out.append(RecordsField(p, topic, part, None if v is None else bytes(v)))
-            elif f.struct is not None and v is not None:
-                if f.is_array:
+            elif v is not None:
+                if is_array:
                     for i, item in enumerate(v):
                         visit(item, f"{p}[{i}]", topic)
                 else:
@@ -170,6 +178,40 @@ def records_fields(body: Any, topic_ids: TopicIds | None = None) -> list[Records
     if body is not None and hasattr(body, "_spec"):
         visit(body, "", None)
     return out
+
+
+_TOPIC, _TOPIC_ID, _PARTITION = range(3)
+_PLANS: dict[int, tuple] = {}
+
+
+def _records_plan(spec: Any) -> tuple[list, list]:
+    """For one struct spec: the fields naming a topic or partition, and the fields
+    worth walking (records, or structs with records somewhere below), in spec order."""
+    got = _PLANS.get(id(spec))
+    if got is not None and got[0] is spec:
+        return got[1]
+    names, walk = [], []
+    for f in spec.fields:
+        if f.entity_type == "topicName":
+            names.append((_TOPIC, f.name))
+        elif f.type == "uuid" and f.name == "TopicId":
+            names.append((_TOPIC_ID, f.name))
+        elif f.name in _PARTITION_NAMES and f.type == "int32":
+            names.append((_PARTITION, f.name))
+        if f.type == "records":
+            walk.append((f.name, True, False))
+        elif f.struct is not None and _holds_records(f.struct):
+            walk.append((f.name, False, f.is_array))
+    plan = (names, walk)
+    _PLANS[id(spec)] = (spec, plan)
+    return plan
+
+
+def _holds_records(spec: Any, depth: int = 0) -> bool:
+    if depth > 16:
+        return False
+    return any(f.type == "records" or (f.struct is not None and _holds_records(f.struct, depth + 1))
+               for f in spec.fields)
 
 
 def _flow_records(flow: Any, topic_ids: TopicIds | None) -> list[tuple[str, RecordsField]]:
@@ -181,10 +223,15 @@ def _flow_records(flow: Any, topic_ids: TopicIds | None) -> list[tuple[str, Reco
     return out
 
 
-def records_summary(flow: Any, topic_ids: TopicIds | None = None) -> list[dict[str, Any]]:
+def records_summary(flow: Any, topic_ids: TopicIds | None = None, *,
+                    quick: bool = False) -> list[dict[str, Any]]:
     """Per ``records`` field of the flow: ``{"dir", "topic", "partition", "records",
     "batches", "compression" (sorted names), "bytes", "partial" (bool), "error"}``.
-    Empty fields (0 bytes or null) are left out."""
+    Empty fields (0 bytes or null) are left out.
+
+    With ``quick`` (live views), magic v2 batches are counted from their headers
+    alone (:func:`~kinspect.codec.records.scan_batches`: no CRC check, no
+    decompression); legacy message sets are still decoded."""
     out = []
     for direction, rf in _flow_records(flow, topic_ids):
         if not rf.data:
@@ -193,14 +240,20 @@ def records_summary(flow: Any, topic_ids: TopicIds | None = None) -> list[dict[s
                 "records": 0, "batches": 0, "compression": [], "bytes": len(rf.data),
                 "partial": False, "error": None}
         try:
-            rs = rf.decode(SUMMARY_MAX_DECOMPRESSED)
+            scan = scan_batches(rf.data) if quick else None
+            if scan is not None:
+                item["records"] = scan.record_count
+                item["batches"] = scan.batches
+                item["compression"] = sorted(scan.compressions)
+                item["partial"] = scan.partial
+            else:
+                rs = rf.decode(SUMMARY_MAX_DECOMPRESSED)
+                item["records"] = rs.record_count
+                item["batches"] = len(rs.batches)
+                item["compression"] = sorted({b.compression for b in rs.batches})
+                item["partial"] = rs.partial is not None
         except DecodeError as e:
             item["error"] = str(e)
-        else:
-            item["records"] = rs.record_count
-            item["batches"] = len(rs.batches)
-            item["compression"] = sorted({b.compression for b in rs.batches})
-            item["partial"] = rs.partial is not None
         out.append(item)
     return out
 
@@ -229,10 +282,12 @@ def _records_text(items: list[dict[str, Any]], max_items: int = 2) -> str:
 # Table rows
 # ---------------------------------------------------------------------------
 
-def flow_summary(flow: Any, topic_ids: TopicIds | None = None) -> dict[str, Any]:
+def flow_summary(flow: Any, topic_ids: TopicIds | None = None, *,
+                 quick: bool = False) -> dict[str, Any]:
     """Raw values behind a table row: ``id, time_ns, conn, client_id, api_name,
     api_key, api_version, correlation_id, req_bytes, resp_bytes, latency_ns,
-    error_code, flags (sorted list), records (see records_summary)``."""
+    error_code, flags (sorted list), records (see records_summary; ``quick`` as
+    there)``."""
     return {
         "id": flow.id, "time_ns": flow.request_ns, "conn": flow.conn,
         "client_id": flow.client_id, "api_name": flow.api_name, "api_key": flow.api_key,
@@ -240,13 +295,16 @@ def flow_summary(flow: Any, topic_ids: TopicIds | None = None) -> dict[str, Any]
         "req_bytes": len(flow.request) if flow.request else None,
         "resp_bytes": len(flow.response) if flow.response is not None else None,
         "latency_ns": flow.latency_ns, "error_code": flow.error_code,
-        "flags": sorted(flow.flags), "records": records_summary(flow, topic_ids),
+        "flags": sorted(flow.flags),
+        "records": records_summary(flow, topic_ids, quick=quick),
     }
 
 
-def flow_row(flow: Any, topic_ids: TopicIds | None = None) -> dict[str, str]:
-    """Display strings keyed by the :data:`COLUMNS` keys."""
-    s = flow_summary(flow, topic_ids)
+def flow_row(flow: Any, topic_ids: TopicIds | None = None, *,
+             quick: bool = False) -> dict[str, str]:
+    """Display strings keyed by the :data:`COLUMNS` keys (``quick``: see
+    :func:`records_summary`)."""
+    s = flow_summary(flow, topic_ids, quick=quick)
     api = s["api_name"] if s["api_version"] < 0 else f"{s['api_name']} v{s['api_version']}"
     err = s["error_code"]
     return {

@@ -35,7 +35,7 @@ def human_bytes(n: float | None) -> str:
 
 def flow_line(flow: Flow, topic_ids: TopicIds | None = None) -> str:
     """One log line per flow (``--no-tui``), with the live view's columns."""
-    r = flow_row(flow, topic_ids)
+    r = flow_row(flow, topic_ids, quick=True)
     line = (f"{r['time']} #{r['id']} conn={r['conn']} client={r['client_id'] or '-'} {r['api']} "
             f"corr={r['corr'] or '-'} req={r['req_bytes'] or '-'}B "
             f"resp={r['resp_bytes'] or '-'}B latency={r['latency'] or '-'}ms "
@@ -105,7 +105,7 @@ class LiveView:
         self._bytes.add(now, len(flow.request) + len(flow.response or b""))
         self.topic_ids.learn(flow)
         if self.match is None or self.match.matches(flow, topic_ids=self.topic_ids):
-            self.rows.append((flow_row(flow, self.topic_ids), _style(flow)))
+            self.rows.append((flow_row(flow, self.topic_ids, quick=True), _style(flow)))
 
     def close(self) -> None:
         self._live.stop()

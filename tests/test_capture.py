@@ -649,3 +649,51 @@ def test_writev_all_resumes_after_short_writes(tmp_path, monkeypatch):
         cap._writev_all(fh.fileno(), list(pieces))
     assert path.read_bytes() == b"".join(pieces)
     assert len(calls) > 1
+
+
+async def test_capture_process_waits_for_a_full_pipe_and_loses_nothing(tmp_path):
+    """Frames handed on faster than the child takes them (48 MiB at once, far more
+    than the pipe holds): the rest waits on the event loop, counted in
+    ``backlog_bytes``; after ``aclose`` the file holds every frame, exactly as the
+    in-process writer writes them."""
+    from kinspect.flows import Flow
+
+    start = time.time_ns()
+    child = CaptureProcess(tmp_path / "child.jsonl", CODEC, upstream="u:1", start_ns=start)
+    mine = CaptureWriter(tmp_path / "mine.jsonl", CODEC, upstream="u:1", start_ns=start)
+    frames = [bytes([i]) * (1 << 20) + b"tail" for i in range(48)]
+    try:
+        for i, f in enumerate(frames):
+            flow = Flow(i + 1, 1, "c:1", "u:1", 0, 9, i, "Produce", f, start + i)
+            flow.flags.add("decode-skipped")
+            for w in (child, mine):
+                w.on_request(flow)
+        assert child.backlog_bytes > 0  # nothing could be written yet
+        await asyncio.sleep(0)  # the first write: the pipe fills, the rest waits
+        assert 0 < child.backlog_bytes < sum(map(len, frames))
+    finally:
+        await child.aclose()
+        mine.close()
+    assert child.backlog_bytes == 0 and child.frames == 48
+    assert child.lines == mine.lines == 49
+    assert (tmp_path / "child.jsonl").read_bytes() == (tmp_path / "mine.jsonl").read_bytes()
+
+
+async def test_capture_process_that_dies_stops_the_capture_not_the_proxy(tmp_path, caplog):
+    """If the child is killed, handing frames on neither raises nor blocks: the
+    capture stops with one logged error and closing still works."""
+    import signal as _signal
+
+    from kinspect.flows import Flow
+
+    child = CaptureProcess(tmp_path / "child.jsonl", CODEC)
+    child._proc.send_signal(_signal.SIGKILL)
+    child._proc.wait()
+    with caplog.at_level("ERROR", logger="kinspect.capture"):
+        for i in range(20):
+            flow = Flow(i + 1, 1, "c:1", "u:1", 18, 3, i, "ApiVersions", b"x" * 100_000, 0)
+            child.on_request(flow)
+            await asyncio.sleep(0)
+        await child.aclose()
+    errors = [r for r in caplog.records if "stopped taking frames" in r.getMessage()]
+    assert len(errors) == 1 and child.backlog_bytes == 0

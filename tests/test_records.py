@@ -22,11 +22,13 @@ from hypothesis import strategies as st
 from kinspect.codec.errors import DecodeError
 from kinspect.codec.records import (
     DEFAULT_MAX_DECOMPRESSED,
+    BatchScan,
     Partial,
     RecordBatch,
     RecordSet,
     decode_records,
     render_bytes,
+    scan_batches,
     summarize,
 )
 
@@ -750,11 +752,44 @@ def test_to_dict_json_and_summarize():
 
 def _decode_ok_or_decode_error(data: bytes):
     try:
+        scan = scan_batches(data)
+    except DecodeError as e:
+        assert e.offset is None or 0 <= e.offset <= len(data)
+        scan = e
+    try:
         rs = decode_records(data, max_decompressed=1 << 20)
     except DecodeError as e:
         assert e.offset is None or 0 <= e.offset <= len(data)
         return
     json.dumps(rs.to_dict())
+    # what decodes, the header scan reads the same way (or leaves to the decoder)
+    assert not isinstance(scan, DecodeError), scan
+    if scan is not None:
+        assert scan == _figures(rs)
+
+
+def _figures(rs: RecordSet) -> BatchScan:
+    return BatchScan(rs.record_count, len(rs.batches),
+                     frozenset(b.compression for b in rs.batches), rs.partial is not None)
+
+
+def test_batch_header_scan_agrees_with_the_decoder():
+    """scan_batches (headers only) counts what decode_records decodes, on batches
+    built by kafka-python, concatenated and cut short; legacy sets are left to the
+    decoder (None)."""
+    recs = sample_records(2, 5)
+    parts = [v2_plain(recs), control_batch(1)]
+    parts += [build(2, c, recs) for c in (GZIP, SNAPPY, LZ4, ZSTD) if HAS_CODEC[c]]
+    data = b"".join(parts)
+    for cut in (len(data), len(data) - 1, len(data) - 30, len(parts[0]) + 40, 5, 0):
+        chunk = data[:cut]
+        scan = scan_batches(chunk)
+        assert scan == _figures(decode_records(chunk)), cut
+    assert scan_batches(data).compressions >= {"none", "gzip"}
+    assert scan_batches(data).record_count == 5 * (len(parts) - 1) + 1
+    assert scan_batches(None) == BatchScan(0, 0, frozenset(), False)
+    assert scan_batches(build(1, GZIP, sample_records(1, 3))) is None
+    assert scan_batches(v2_plain(recs) + build(0, NONE, sample_records(0, 2))) is None
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -1050,3 +1050,34 @@ def test_produce_acks_shortcut_agrees_with_the_decoder_for_every_version():
                 assert t.produce_acks(req[:cut], version) in (None, acks)
             checked += 1
     assert checked > 100
+
+
+async def test_pipeline_works_while_the_broker_is_busy_not_in_the_turnaround():
+    """Post-forwarding work on a completed flow waits (up to ``delay``) and starts
+    as soon as the next request has been forwarded, when the broker has work to do
+    and the client has its answer: never inside the request/response turnaround."""
+    from kinspect.flows import Flow
+    from kinspect.proxy.pipeline import Pipeline
+
+    seen: list[str] = []
+
+    class Addon:
+        def on_request(self, flow):
+            seen.append(f"req {flow.id}")
+
+        def on_flow(self, flow):
+            seen.append(f"flow {flow.id}")
+
+    pipeline = Pipeline(codec(), [Addon()], decode=False, delay=3600)
+    pipeline.start()
+    first = Flow(1, 1, "c", "u", 18, 3, 1, "ApiVersions", b"req", 0)
+    first.response = b"resp"
+    pipeline.complete(first)
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert seen == [], "work started inside the turnaround"
+    pipeline.request(Flow(2, 1, "c", "u", 18, 3, 2, "ApiVersions", b"req", 0))
+    assert seen == []  # not inside the forwarding call either
+    await asyncio.sleep(0)
+    assert seen == ["flow 1", "req 2"]
+    await pipeline.close()

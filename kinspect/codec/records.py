@@ -65,6 +65,8 @@ _crc32c_fn = None
 __all__ = [
     "DEFAULT_MAX_DECOMPRESSED",
     "COMPRESSION_NAMES",
+    "BatchScan",
+    "scan_batches",
     "CONTROL_TYPES",
     "ControlRecord",
     "Record",
@@ -427,6 +429,74 @@ def summarize(record_set: RecordSet) -> RecordSummary:
         frozenset(b.compression for b in record_set.batches),
         record_set.size_bytes,
     )
+
+
+class BatchScan(NamedTuple):
+    """Figures read from record batch headers alone (:func:`scan_batches`)."""
+
+    #: records as the batch headers count them
+    record_count: int
+    batches: int
+    #: compression names seen (``"none"`` included when present)
+    compressions: frozenset[str]
+    #: the data ends in a truncated batch (as Fetch responses may)
+    partial: bool
+
+
+_V2_ATTRS_COUNT = struct.Struct(">h")
+_V2_COUNT_OFFSET = 57
+
+
+def scan_batches(data: bytes | memoryview | None) -> BatchScan | None:
+    """Count records, batches and compressions of a ``records`` field from the
+    magic v2 batch headers only: no CRC check, no decompression, no record parsing
+    (for live views; :func:`decode_records` checks everything). ``None`` when a
+    legacy message set (magic 0/1) is met, whose records can only be counted by
+    decompressing them.
+
+    Raises:
+        DecodeError: a batch length below the minimum, an unsupported magic or
+            compression, or a negative record count.
+    """
+    if not data:
+        return BatchScan(0, 0, frozenset(), False)
+    n = len(data)
+    pos = 0
+    count = batches = 0
+    names: set[str] = set()
+    while pos < n:
+        left = n - pos
+        if left < _V2_HEADER_SIZE:
+            if left >= _MAGIC_OFFSET + 1 and data[pos + _MAGIC_OFFSET] in (0, 1):
+                return None
+            return BatchScan(count, batches, frozenset(names), True)
+        (blen,) = _I32.unpack_from(data, pos + 8)
+        magic = data[pos + _MAGIC_OFFSET]
+        if magic in (0, 1):
+            return None
+        if magic != 2:
+            raise DecodeError(f"unsupported magic {magic}", offset=pos + _MAGIC_OFFSET,
+                              expected="magic 0, 1 or 2", path=f"batches[{batches}]")
+        if blen < _V2_HEADER_SIZE - _LOG_OVERHEAD:
+            raise DecodeError(f"batch length {blen} too short for the 61-byte v2 header",
+                              offset=pos + 8, expected="batch length (int32)",
+                              path=f"batches[{batches}]")
+        if _LOG_OVERHEAD + blen > left:
+            return BatchScan(count, batches, frozenset(names), True)
+        (attrs,) = _V2_ATTRS_COUNT.unpack_from(data, pos + _V2_CRC_START)
+        codec = attrs & _ATTR_CODEC
+        if codec not in COMPRESSION_NAMES:
+            raise DecodeError(f"unknown compression type {codec}", offset=pos + _V2_CRC_START,
+                              expected="compression 0-4", path=f"batches[{batches}]")
+        (k,) = _I32.unpack_from(data, pos + _V2_COUNT_OFFSET)
+        if k < 0:
+            raise DecodeError(f"invalid record count {k}", offset=pos + _V2_COUNT_OFFSET,
+                              expected="record count (int32)", path=f"batches[{batches}]")
+        count += k
+        batches += 1
+        names.add(COMPRESSION_NAMES[codec])
+        pos += _LOG_OVERHEAD + blen
+    return BatchScan(count, batches, frozenset(names), False)
 
 
 # ---------------------------------------------------------------------------

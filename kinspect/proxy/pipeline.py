@@ -77,20 +77,23 @@ class Pipeline:
         skip_bytes: bytes of frames waiting beyond which decoding is skipped.
         pause_bytes: bytes of frames waiting beyond which the proxy stops reading
             (until they are under half of it); ``None``: never.
-        slice_seconds: longest stretch of work before yielding to the event loop.
-        delay: seconds between the first event of a batch and the start of work on
-            it (work then continues until the queue is empty). Letting a response
-            reach the client and the next request reach the broker before decoding
-            keeps the decoding out of the request/response turnaround (measured in
-            BENCHMARKS.md, Proxy); 0 starts at the next loop iteration.
+        slice_seconds: longest stretch of work before yielding to the event loop
+            (the most a frame arriving meanwhile waits for it).
+        delay: longest wait between the first event of a batch and the start of work
+            on it (work then continues until the queue is empty). Work starts earlier,
+            at once, when a request has just been forwarded: the broker is busy with
+            it, so the time until its response comes is free for decoding, the live
+            view and the capture, which then stay out of the request/response
+            turnaround (measured in BENCHMARKS.md, Proxy); 0 always starts at the
+            next loop iteration.
 
     An addon that raises is logged and skipped for that event; the others still run.
     """
 
     def __init__(self, codec: Codec, addons: list[Any] | None = None, *, decode: bool = True,
                  max_backlog: int = 10000, skip_bytes: int = 32 << 20,
-                 pause_bytes: int | None = 128 << 20, slice_seconds: float = 0.005,
-                 delay: float = 0.001):
+                 pause_bytes: int | None = 128 << 20, slice_seconds: float = 0.0005,
+                 delay: float = 0.002):
         self.codec = codec
         self.addons = list(addons or [])
         self.decode = decode
@@ -105,6 +108,7 @@ class Pipeline:
         self.proxy: Any = None
         self._q: deque = deque()
         self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting_flows = 0
         self._idle = asyncio.Event()
@@ -131,13 +135,18 @@ class Pipeline:
             self._idle.clear()
             loop = self._loop or asyncio.get_running_loop()
             if self.delay > 0:
-                loop.call_later(self.delay, self._drain)
+                self._timer = loop.call_later(self.delay, self._drain)
             else:
                 loop.call_soon(self._drain)
 
     def request(self, flow: Flow) -> None:
+        """A request was forwarded (called right after the write)."""
         self.backlog_bytes += len(flow.request)
         self._push((_REQ, flow))
+        if self._timer is not None:  # the broker is busy now: start the work at once
+            self._timer.cancel()
+            self._timer = None
+            (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
 
     def complete(self, flow: Flow) -> None:
         self.backlog_bytes += len(flow.request) + len(flow.response or b"")
@@ -184,6 +193,9 @@ class Pipeline:
 
     # -- work ------------------------------------------------------------------
     def _drain(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         deadline = time.perf_counter() + self.slice_seconds
         q = self._q
         while q:
