@@ -67,6 +67,8 @@ class CaptureProcess:
         lines, redacted, paths: as the child reports them when closed (before that:
             0, 0 and the first part's path).
         backlog_bytes: bytes handed on but not yet taken by the child.
+        pause_bytes: backlog beyond which the pipeline pauses the proxy (16 MiB), so
+            the capture never lags far behind the traffic.
 
     Raises:
         CaptureError: the child cannot start or cannot create the file.
@@ -84,6 +86,7 @@ class CaptureProcess:
         self.redacted = 0
         self.paths: list[Path] = [self.path]
         self.backlog_bytes = 0
+        self.pause_bytes = 16 << 20
         self._closed = False
         codec = codec or Codec()
         sources = [{"path": s.path, "kind": s.kind, "origin": s.origin}
@@ -323,15 +326,17 @@ def _child(config: dict[str, Any]) -> int:
         if not chunk:
             break
         buf += chunk
+        view = memoryview(buf)
         while len(buf) - pos >= 8:
             hlen, plen = _HDR.unpack_from(buf, pos)
             end = pos + 8 + hlen + plen
             if end > len(buf):
                 break
-            header = marshal.loads(bytes(buf[pos + 8:pos + 8 + hlen]))
-            payload = bytes(buf[pos + 8 + hlen:end])
+            header = marshal.loads(view[pos + 8:pos + 8 + hlen])
+            payload = bytes(view[pos + 8 + hlen:end])
             pos = end
             _apply(writer, header, payload)
+        view.release()
         if pos:
             del buf[:pos]
             pos = 0

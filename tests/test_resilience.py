@@ -981,18 +981,22 @@ class _QueueingAddon:
         self.thread.join(5)
 
 
-async def test_an_addon_queue_that_falls_behind_pauses_forwarding(tansu, unique):
-    """An addon's own backlog (``backlog_bytes``) counts toward ``pause_bytes``: the
-    proxy stops reading while it is high and resumes by itself when the addon's
-    queue drains, with no pipeline event to prompt it; every request is answered."""
+@pytest.mark.parametrize("own_limit", [False, True], ids=["pipeline-limit", "addon-limit"])
+async def test_an_addon_queue_that_falls_behind_pauses_forwarding(tansu, unique, own_limit):
+    """An addon's own backlog (``backlog_bytes``) counts toward ``pause_bytes``, or
+    toward the addon's own ``pause_bytes`` when it sets one: the proxy stops reading
+    while it is high and resumes by itself when the addon's queue drains, with no
+    pipeline event to prompt it; every request is answered."""
     from kinspect.proxy.pipeline import Pipeline
     from kinspect.proxy.server import Proxy, ProxyConfig
 
     topic = unique("addonq")
     create_topic(tansu.bootstrap, topic)
     host, port = tansu.bootstrap.rsplit(":", 1)
-    pipeline = Pipeline(codec(), pause_bytes=512 * 1024)
+    pipeline = Pipeline(codec(), pause_bytes=(1 << 30) if own_limit else 512 * 1024)
     addon = _QueueingAddon(rate_per_10ms=100 * 1024)
+    if own_limit:
+        addon.pause_bytes = 512 * 1024
     pipeline.add(addon)
     proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
     await proxy.start()

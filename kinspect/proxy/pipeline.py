@@ -13,7 +13,7 @@ sheds work, never frames:
   under half of that (``Proxy.overload``, counted in ``Stats.overloads``): the
   queue stays bounded and forwarding slows down instead. An addon with its own
   queue (a capture child process) exposes it as a ``backlog_bytes`` attribute,
-  which counts here too.
+  which counts here too, and may set its own, lower ``pause_bytes``.
 
 Addons are plain objects with any of these methods (mitmproxy-style hooks):
 ``on_connect(conn)``, ``on_request(flow)``, ``on_flow(flow)``,
@@ -156,8 +156,11 @@ class Pipeline:
                 self.proxy.stats.decode_skipped += 1
         self._waiting_flows += 1
         self._push((_FLOW, flow))
+        self._maybe_pause()
+
+    def _maybe_pause(self) -> None:
         if self.pause_bytes is not None and self.proxy is not None and \
-                not self.proxy.overloaded and self.total_backlog() > self.pause_bytes:
+                not self.proxy.overloaded and self.behind():
             self.proxy.overload(True)
             self._arm_recheck()
 
@@ -167,6 +170,21 @@ class Pipeline:
         for a in self._queued_addons:
             n += a.backlog_bytes
         return n
+
+    def behind(self, fraction: float = 1.0) -> bool:
+        """Whether the frames waiting pass ``fraction`` of ``pause_bytes``, or an
+        addon's own queue passes that fraction of the addon's own ``pause_bytes``
+        (a capture keeps its lag short that way)."""
+        if self.pause_bytes is None:
+            return False
+        total = self.backlog_bytes
+        for a in self._queued_addons:
+            b = a.backlog_bytes
+            total += b
+            limit = getattr(a, "pause_bytes", None)
+            if limit is not None and b > limit * fraction:
+                return True
+        return total > self.pause_bytes * fraction
 
     def _arm_recheck(self) -> None:
         # while paused, look again every 10 ms: an addon's queue drains on its own
@@ -180,7 +198,7 @@ class Pipeline:
         proxy = self.proxy
         if proxy is None or self.pause_bytes is None or not proxy.overloaded:
             return
-        if self.total_backlog() <= self.pause_bytes // 2:
+        if not self.behind(0.5):
             proxy.overload(False)
         else:
             self._arm_recheck()
@@ -216,8 +234,11 @@ class Pipeline:
                 log.exception("pipeline: error while handling an event")
             if time.perf_counter() > deadline:
                 break
-        if self.proxy is not None and self.proxy.overloaded:
-            self._check_overload()
+        if self.proxy is not None:
+            if self.proxy.overloaded:
+                self._check_overload()
+            elif self._queued_addons:
+                self._maybe_pause()
         if q:
             (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
         else:
