@@ -22,7 +22,6 @@ Definitions shared with :mod:`kinspect.analysis.job` (keep them in step):
 
 from __future__ import annotations
 
-import base64
 import os
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -109,7 +108,9 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
 
 
 def _b64(text: str | None) -> bytes | None:
-    return None if text is None else base64.b64decode(text)
+    from ..capture import _b64decode
+
+    return None if text is None else _b64decode(text)
 
 
 def pair_frames(frames: Iterable[dict]) -> list[dict]:

@@ -363,6 +363,7 @@ def _json_line(line: str, lineno: int, out: Any) -> Any:
 
 
 def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
+    from ..capture import _b64decode
     from ..codec import DecodeError
 
     pending: dict[Any, dict[int, collections.deque]] = collections.defaultdict(dict)
@@ -381,7 +382,7 @@ def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
                 continue
             n += 1
             try:
-                frame = base64.b64decode(rec["frame"], validate=True)
+                frame = _b64decode(rec["frame"], validate=True)
                 decoded = _decode_line(codec, rec, frame, pending)
             except (DecodeError, InputError, ValueError, binascii.Error) as e:
                 errors += 1
