@@ -236,6 +236,30 @@ def run(case: Case, reg, rounds: int, batch_s: float) -> dict:
             "skipped": {k: v for k, v in impls.items() if isinstance(v, str)}}
 
 
+def run_scan(case: Case, reg, rounds: int, batch_s: float) -> dict:
+    """kinspect only: ``MessageCodec.top_level_tags`` (a walk without building
+    values) against ``MessageCodec.decode`` of the same body, interleaved."""
+    mc = reg.codec(case.message)
+    body = mc.encode(case.value, case.version)
+    v = case.version
+    fns = {"decode": lambda: mc.decode(body, v), "scan": lambda: mc.top_level_tags(body, v)}
+    sizes = {k: _calibrate(f, batch_s) for k, f in fns.items()}
+    samples: dict[str, list[float]] = {k: [] for k in fns}
+    for r in range(rounds):
+        for k in (list(fns) if r % 2 == 0 else list(fns)[::-1]):
+            samples[k].append(_per_op(fns[k], sizes[k]))
+    return {"case": case.name, "bytes": len(body),
+            "median": {k: statistics.median(x) for k, x in samples.items()}}
+
+
+def report_scan(results: list[dict]) -> str:
+    lines = ["| frame | bytes | decode ms | scan ms | decode / scan |", "|---|---:|---:|---:|---:|"]
+    for r in results:
+        d, sc = r["median"]["decode"], r["median"]["scan"]
+        lines.append(f"| {r['case']} | {r['bytes']} | {_fmt_ms(d)} | {_fmt_ms(sc)} | {d / sc:.2f}x |")
+    return "\n".join(lines)
+
+
 def _fmt_ms(s: float | None) -> str:
     return "-" if s is None else f"{s * 1e3:.3f}"
 
@@ -290,6 +314,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-ms", type=float, default=100.0)
     ap.add_argument("--only", action="append", choices=sorted(CASES))
     ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--scan", action="store_true",
+                    help="time kinspect's scan (top-level tags, no values built) against its decode")
     ap.add_argument("--profile", choices=("decode", "encode"),
                     help="profile kinspect on the chosen cases instead of timing")
     args = ap.parse_args(argv)
@@ -310,6 +336,11 @@ def main(argv: list[str] | None = None) -> int:
             prof = cProfile.Profile()
             prof.runcall(lambda f=fn: [f() for _ in range(200)])
             pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+        return 0
+    if args.scan:
+        print(machine_note())
+        print(f"median of {args.rounds} interleaved rounds, per operation")
+        print(report_scan([run_scan(c, reg, args.rounds, args.batch_ms / 1e3) for c in cases]))
         return 0
     results = [run(c, reg, args.rounds, args.batch_ms / 1e3) for c in cases]
     print(machine_note())
