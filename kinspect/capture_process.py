@@ -367,7 +367,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="(internal) kinspect's capture child process")
     ap.add_argument("config", help="JSON configuration")
     args = ap.parse_args(argv)
-    return _child(json.loads(args.config))
+    try:
+        return _child(json.loads(args.config))
+    except OSError as e:  # e.g. the disk is full: one line, not a traceback over the live view
+        print(f"kinspect capture process: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -697,3 +697,21 @@ async def test_capture_process_that_dies_stops_the_capture_not_the_proxy(tmp_pat
         await child.aclose()
     errors = [r for r in caplog.records if "stopped taking frames" in r.getMessage()]
     assert len(errors) == 1 and child.backlog_bytes == 0
+
+
+async def test_capture_process_on_a_full_disk_reports_and_stops(tmp_path, caplog, capfd):
+    """A child that cannot write (ENOSPC: /dev/full) exits with one line on stderr;
+    the proxy side logs it and goes on."""
+    from kinspect.flows import Flow
+
+    child = CaptureProcess("/dev/full", CODEC)
+    with caplog.at_level("ERROR", logger="kinspect.capture"):
+        for i in range(200):
+            child.on_request(Flow(i + 1, 1, "c:1", "u:1", 18, 3, i, "ApiVersions",
+                                  b"x" * 50_000, 0))
+            await asyncio.sleep(0)
+        await child.aclose()
+    assert child._proc.returncode == 1
+    assert any("exited with status 1" in r.getMessage() for r in caplog.records)
+    err = capfd.readouterr().err
+    assert "kinspect capture process:" in err and "Traceback" not in err

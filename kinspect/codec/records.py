@@ -464,25 +464,27 @@ def scan_batches(data: bytes | memoryview | None) -> BatchScan | None:
     pos = 0
     count = batches = 0
     names: set[str] = set()
-    while pos < n:
+    while pos < n:  # the same checks, in the same order, as the decoder's
         left = n - pos
-        if left < _V2_HEADER_SIZE:
-            if left >= _MAGIC_OFFSET + 1 and data[pos + _MAGIC_OFFSET] in (0, 1):
-                return None
+        if left < _LOG_OVERHEAD:
             return BatchScan(count, batches, frozenset(names), True)
         (blen,) = _I32.unpack_from(data, pos + 8)
+        path = f"batches[{batches}]"
+        if blen < _MIN_RECORD_OVERHEAD:
+            raise DecodeError(f"batch length {blen} below the minimum {_MIN_RECORD_OVERHEAD}",
+                              offset=pos + 8, expected="batch length (int32)", path=path)
+        if _LOG_OVERHEAD + blen > left:
+            return BatchScan(count, batches, frozenset(names), True)
         magic = data[pos + _MAGIC_OFFSET]
         if magic in (0, 1):
             return None
         if magic != 2:
             raise DecodeError(f"unsupported magic {magic}", offset=pos + _MAGIC_OFFSET,
-                              expected="magic 0, 1 or 2", path=f"batches[{batches}]")
-        if blen < _V2_HEADER_SIZE - _LOG_OVERHEAD:
+                              expected="magic 0, 1 or 2", path=path)
+        if _LOG_OVERHEAD + blen < _V2_HEADER_SIZE:
             raise DecodeError(f"batch length {blen} too short for the 61-byte v2 header",
-                              offset=pos + 8, expected="batch length (int32)",
-                              path=f"batches[{batches}]")
-        if _LOG_OVERHEAD + blen > left:
-            return BatchScan(count, batches, frozenset(names), True)
+                              offset=pos + 8, expected="record batch header (61 bytes)",
+                              path=path)
         (attrs,) = _V2_ATTRS_COUNT.unpack_from(data, pos + _V2_CRC_START)
         codec = attrs & _ATTR_CODEC
         if codec not in COMPRESSION_NAMES:
