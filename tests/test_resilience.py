@@ -1057,9 +1057,10 @@ def test_produce_acks_shortcut_agrees_with_the_decoder_for_every_version():
 
 
 async def test_pipeline_works_while_the_broker_is_busy_not_in_the_turnaround():
-    """Post-forwarding work on a completed flow waits (up to ``delay``) and starts
-    as soon as the next request has been forwarded, when the broker has work to do
-    and the client has its answer: never inside the request/response turnaround."""
+    """Post-forwarding work on a completed flow waits (up to ``delay``) and is done
+    when the proxy kicks the pipeline, right after forwarding the next request (the
+    broker has work, the client has its answer): never inside the request/response
+    turnaround. Without a kick, the ``delay`` timer starts it."""
     from kinspect.flows import Flow
     from kinspect.proxy.pipeline import Pipeline
 
@@ -1081,7 +1082,15 @@ async def test_pipeline_works_while_the_broker_is_busy_not_in_the_turnaround():
         await asyncio.sleep(0)
     assert seen == [], "work started inside the turnaround"
     pipeline.request(Flow(2, 1, "c", "u", 18, 3, 2, "ApiVersions", b"req", 0))
-    assert seen == []  # not inside the forwarding call either
-    await asyncio.sleep(0)
+    assert seen == []  # handing on is all the forwarding path does
+    pipeline.kick()
     assert seen == ["flow 1", "req 2"]
+    # no kick: the timer starts the work
+    quick = Pipeline(codec(), [Addon()], decode=False, delay=0.01)
+    quick.start()
+    third = Flow(3, 1, "c", "u", 18, 3, 3, "ApiVersions", b"req", 0)
+    third.response = b"resp"
+    quick.complete(third)
+    await wait_for(lambda: seen[-1] == "flow 3", timeout=5, what="the delay timer")
     await pipeline.close()
+    await quick.close()

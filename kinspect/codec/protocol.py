@@ -126,6 +126,7 @@ class Codec:
         self._req_header = self.registry.header("RequestHeader")
         self._resp_header = self.registry.header("ResponseHeader")
         self._hv_cache: dict[tuple[int, int, bool], int | None] = {}
+        self._names: dict[int, str] = {}
 
     # -- header versions -------------------------------------------------------
     def request_header_version(self, api_key: int, api_version: int) -> int | None:
@@ -159,7 +160,12 @@ class Codec:
         return hv
 
     def api_name(self, api_key: int) -> str:
-        return self.registry.api_name(api_key)
+        """``"Metadata"`` for 3; ``"ApiKey(99)"`` when no spec defines the key
+        (cached: it is asked for every frame)."""
+        name = self._names.get(api_key)
+        if name is None:
+            name = self._names[api_key] = self.registry.api_name(api_key)
+        return name
 
     # -- requests --------------------------------------------------------------
     def decode_request(self, frame: bytes, *, body: bool = True) -> Request:

@@ -80,12 +80,12 @@ class Pipeline:
         slice_seconds: longest stretch of work before yielding to the event loop
             (the most a frame arriving meanwhile waits for it).
         delay: longest wait between the first event of a batch and the start of work
-            on it (work then continues until the queue is empty). Work starts earlier,
-            at once, when a request has just been forwarded: the broker is busy with
-            it, so the time until its response comes is free for decoding, the live
-            view and the capture, which then stay out of the request/response
-            turnaround (measured in BENCHMARKS.md, Proxy); 0 always starts at the
-            next loop iteration.
+            on it (work then continues until the queue is empty). Work starts earlier
+            when the proxy calls :meth:`kick`, right after forwarding requests: the
+            broker is busy with them, so the time until their responses come is free
+            for decoding, the live view and the capture, which then stay out of the
+            request/response turnaround (measured in BENCHMARKS.md, Proxy); 0 always
+            starts at the next loop iteration.
 
     An addon that raises is logged and skipped for that event; the others still run.
     """
@@ -109,6 +109,7 @@ class Pipeline:
         self._q: deque = deque()
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
+        self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiting_flows = 0
         self._idle = asyncio.Event()
@@ -131,22 +132,40 @@ class Pipeline:
     def _push(self, item: tuple) -> None:
         self._q.append(item)
         if not self._scheduled:
-            self._scheduled = True
             self._idle.clear()
-            loop = self._loop or asyncio.get_running_loop()
-            if self.delay > 0:
-                self._timer = loop.call_later(self.delay, self._drain)
-            else:
-                loop.call_soon(self._drain)
+            if self.delay <= 0:
+                self._start()
+            elif self._timer is None:
+                # the fallback: work starts within ``delay`` even if no request
+                # comes. One timer serves many events (it is not re-armed per event,
+                # nor cancelled when a request starts the work first).
+                loop = self._loop or asyncio.get_running_loop()
+                self._timer = loop.call_later(self.delay, self._on_timer)
+
+    def _start(self) -> None:
+        self._scheduled = True
+        (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if self._q and not self._scheduled:
+            self._scheduled = True
+            self._drain()
 
     def request(self, flow: Flow) -> None:
         """A request was forwarded (called right after the write)."""
         self.backlog_bytes += len(flow.request)
         self._push((_REQ, flow))
-        if self._timer is not None:  # the broker is busy now: start the work at once
-            self._timer.cancel()
-            self._timer = None
-            (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
+
+    def kick(self) -> None:
+        """Do the queued work now, for up to ``slice_seconds`` (the rest continues
+        at the next loop iterations). The proxy calls this right after forwarding
+        requests: the broker is busy with them and the client has nothing to wait
+        for, so the time is free; running here rather than in a callback of its
+        own also spares an event-loop iteration per request."""
+        if self._q and not self._draining:
+            self._scheduled = True
+            self._drain()
 
     def complete(self, flow: Flow) -> None:
         self.backlog_bytes += len(flow.request) + len(flow.response or b"")
@@ -211,9 +230,15 @@ class Pipeline:
 
     # -- work ------------------------------------------------------------------
     def _drain(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._draining:  # an addon's hook led back here: the running drain goes on
+            return
+        self._draining = True
+        try:
+            self._drain_slice()
+        finally:
+            self._draining = False
+
+    def _drain_slice(self) -> None:
         deadline = time.perf_counter() + self.slice_seconds
         q = self._q
         while q:
@@ -274,6 +299,9 @@ class Pipeline:
 
     async def close(self) -> None:
         await self.drained()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._recheck is not None:
             self._recheck.cancel()
             self._recheck = None

@@ -567,6 +567,8 @@ class Connection:
                 self.up_tr.writelines(out)
         for f in noted:
             self._request(f)
+        if noted or out:
+            proxy.pipeline.kick()  # the broker has work now: time for the pipeline's
         if error is not None:
             self.close(f"client sent {error.reason}", logging.WARNING)
 
