@@ -5,8 +5,9 @@ as :class:`~kinspect.capture.CaptureWriter`, but the costly part of a capture (b
 of every frame, JSON, redaction, the file writes) runs in a child process running a
 ``CaptureWriter``, on another core. The proxy's side only hands each frame on: a
 small header plus the frame bytes, written to a non-blocking pipe once per event
-loop iteration (one ``os.writev`` for everything handed on meanwhile; when the pipe
-is full the rest waits for it to drain, watched by the event loop).
+loop iteration (``os.writev`` of everything handed on meanwhile, up to IOV_MAX
+pieces per call; when the pipe is full the rest waits for it to drain, watched by
+the event loop).
 
 Messages on the pipe: ``>II`` (header length, payload length), the header (a
 :mod:`marshal` tuple: parent and child run the same interpreter), the payload (the
@@ -14,14 +15,16 @@ frame, then the sent frame when it differs).
 
 Guarantees:
 
-* Complete: nothing is dropped. When the child falls behind, the bytes waiting for
-  it count in :attr:`CaptureProcess.backlog_bytes`, which the pipeline adds to its
-  own backlog, so the proxy pauses reading (``Proxy.overload``) instead of queuing
-  without bound (see :class:`~kinspect.proxy.pipeline.Pipeline`).
+* Complete while both run: nothing handed on is dropped. When the child falls
+  behind, the bytes waiting for it count in :attr:`CaptureProcess.backlog_bytes`,
+  which the pipeline adds to its own backlog, so the proxy pauses reading
+  (``Proxy.overload``) instead of queuing without bound (see
+  :class:`~kinspect.proxy.pipeline.Pipeline`). If the child dies, the capture stops
+  there (one logged error) and the proxy goes on.
 * Whole lines: the child flushes whole lines only, and on end of input (the proxy
-  closed the pipe, or exited, even by SIGKILL) it writes what it has and closes the
-  file. It runs in its own session, so a Ctrl-C meant for the proxy does not cut
-  it short.
+  closed the pipe, or exited, even by SIGKILL) it writes everything it received and
+  closes the file; frames still queued in a killed proxy are lost. The child runs
+  in its own session, so a Ctrl-C meant for the proxy does not cut it short.
 """
 
 from __future__ import annotations
@@ -128,9 +131,9 @@ class CaptureProcess:
         self._broken = False
 
     # -- the hand-off (event loop side) -------------------------------------------
-    def _send(self, header: tuple, *payload: bytes) -> None:
+    def _send(self, header: tuple, *payload: bytes) -> bool:
         if self._closed or self._broken:
-            return
+            return False
         h = _marshal_dumps(header)
         n = 0
         for piece in payload:
@@ -138,19 +141,21 @@ class CaptureProcess:
         self._out += (_HDR.pack(len(h), n), h, *payload)
         self.backlog_bytes += 8 + len(h) + n
         if not self._scheduled and not self._watching:
-            self._scheduled = True
             try:
-                loop = self._loop or asyncio.get_running_loop()
+                loop = asyncio.get_running_loop()
             except RuntimeError:  # no event loop: write now, waiting if need be
-                self._scheduled = False
                 self._write_blocking()
-                return
+                return True
+            self._scheduled = True
             self._loop = loop
             loop.call_soon(self._write)
+        return True
 
     def _write(self) -> None:
         """(On the event loop) write what the pipe takes now; watch it for the rest."""
         self._scheduled = False
+        if self._closed:  # closing: the rest is written by close(), nowhere else
+            return
         if not self._write_some():
             return
         if self._out and not self._watching:
@@ -209,12 +214,10 @@ class CaptureProcess:
             sent = None
         header = ("f", ts_ns, flow.conn, direction, flow.client, flow.upstream, flow.id,
                   flow.api_key, flow.api_version, flow.correlation_id,
-                  tuple(sorted(flow.flags)) if flow.flags else (), len(frame))
-        self.frames += 1
-        if sent is None:
-            self._send(header, frame)
-        else:
-            self._send(header, frame, sent)
+                  tuple(sorted(flow.flags)) if flow.flags else (), len(frame),
+                  -1 if sent is None else len(sent))
+        if self._send(header, frame) if sent is None else self._send(header, frame, sent):
+            self.frames += 1
 
     def on_connect(self, conn: Any) -> None:
         self._conn(conn, "open", getattr(conn, "opened", None) or time.time_ns())
@@ -308,12 +311,29 @@ def _child(config: dict[str, Any]) -> int:
         writer = CaptureWriter(config["path"], Codec(registry), upstream=config["upstream"],
                                listen=config["listen"], secrets=config["secrets"],
                                max_bytes=config["max_bytes"], start_ns=config["start_ns"])
-    except (KinspectError, OSError) as e:
+    except (KinspectError, OSError, ValueError) as e:
         out.write(f"error: {e}\n".encode())
         out.flush()
         return 1
     out.write(b"ready\n")
     out.flush()
+    try:
+        torn = _copy_input(writer)
+    finally:  # whatever happened, the lines received so far reach the file
+        writer.close()
+    if torn:
+        print(f"kinspect capture process: input ended inside a message ({torn} bytes "
+              f"dropped)", file=sys.stderr, flush=True)
+    out.write(json.dumps({"lines": writer.lines, "frames": writer.frames,
+                          "redacted": writer.redacted,
+                          "paths": [str(p) for p in writer.paths]}).encode() + b"\n")
+    out.flush()
+    return 0
+
+
+def _copy_input(writer: Any) -> int:
+    """Turn every message on stdin into capture lines until end of input; returns
+    the bytes of a torn last message (0 normally)."""
     fd = sys.stdin.buffer.fileno()
     buf = bytearray()
     pos = 0
@@ -324,28 +344,24 @@ def _child(config: dict[str, Any]) -> int:
             continue
         chunk = os.read(fd, 4 << 20)
         if not chunk:
-            break
+            return len(buf)
         buf += chunk
         view = memoryview(buf)
-        while len(buf) - pos >= 8:
-            hlen, plen = _HDR.unpack_from(buf, pos)
-            end = pos + 8 + hlen + plen
-            if end > len(buf):
-                break
-            header = marshal.loads(view[pos + 8:pos + 8 + hlen])
-            payload = bytes(view[pos + 8 + hlen:end])
-            pos = end
-            _apply(writer, header, payload)
-        view.release()
+        try:
+            while len(buf) - pos >= 8:
+                hlen, plen = _HDR.unpack_from(buf, pos)
+                end = pos + 8 + hlen + plen
+                if end > len(buf):
+                    break
+                header = marshal.loads(view[pos + 8:pos + 8 + hlen])
+                payload = bytes(view[pos + 8 + hlen:end])
+                pos = end
+                _apply(writer, header, payload)
+        finally:
+            view.release()
         if pos:
             del buf[:pos]
             pos = 0
-    writer.close()
-    out.write(json.dumps({"lines": writer.lines, "frames": writer.frames,
-                          "redacted": writer.redacted,
-                          "paths": [str(p) for p in writer.paths]}).encode() + b"\n")
-    out.flush()
-    return 0
 
 
 def _apply(writer: Any, h: tuple, payload: bytes) -> None:
@@ -355,11 +371,12 @@ def _apply(writer: Any, h: tuple, payload: bytes) -> None:
         conn.id, conn.client, conn.upstream_addr, conn.opened = conn_id, client, upstream, ts
         writer._conn_line(conn, event, ts)
         return
-    _, ts, conn_id, direction, client, upstream, flow_id, api_key, api_version, corr, flags, fl = h
+    (_, ts, conn_id, direction, client, upstream, flow_id, api_key, api_version, corr, flags,
+     fl, sl) = h
     flow = Flow(flow_id, conn_id, client, upstream, api_key, api_version, corr, "", b"", ts)
     flow.flags = set(flags)
-    frame = payload[:fl] if fl < len(payload) else payload
-    sent = payload[fl:] if fl < len(payload) else None
+    frame = payload[:fl] if sl >= 0 else payload
+    sent = payload[fl:] if sl >= 0 else None
     writer.write_frame(flow, direction, frame, sent, ts)
 
 
@@ -369,8 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         return _child(json.loads(args.config))
-    except OSError as e:  # e.g. the disk is full: one line, not a traceback over the live view
-        print(f"kinspect capture process: {e}", file=sys.stderr, flush=True)
+    except Exception as e:  # noqa: BLE001 - e.g. a full disk: one line, not a traceback
+        # over the live view (the lines received so far were written: see _child)
+        print(f"kinspect capture process: {type(e).__name__}: {e}" if not isinstance(e, OSError)
+              else f"kinspect capture process: {e}", file=sys.stderr, flush=True)
         return 1
 
 

@@ -715,3 +715,25 @@ async def test_capture_process_on_a_full_disk_reports_and_stops(tmp_path, caplog
     assert any("exited with status 1" in r.getMessage() for r in caplog.records)
     err = capfd.readouterr().err
     assert "kinspect capture process:" in err and "Traceback" not in err
+
+
+async def test_capture_process_closed_right_after_a_burst_writes_it_whole(tmp_path):
+    """Closing at once after handing frames on (the write callback still pending)
+    leaves the same file as the in-process writer: the rest is written once, by
+    close, never by two writers at the same time."""
+    from kinspect.flows import Flow
+
+    for attempt in range(3):
+        start = time.time_ns()
+        child = CaptureProcess(tmp_path / f"c{attempt}.jsonl", CODEC, start_ns=start)
+        mine = CaptureWriter(tmp_path / f"m{attempt}.jsonl", CODEC, start_ns=start)
+        for i in range(24):
+            flow = Flow(i + 1, 1, "c:1", "u:1", 0, 9, i, "Produce",
+                        bytes([i]) * (1 << 20) + b"tail", start + i)
+            for w in (child, mine):
+                w.on_request(flow)
+        await child.aclose()  # no yield before: the hand-off is still queued
+        mine.close()
+        assert child.backlog_bytes == 0 and child.lines == 25
+        assert (tmp_path / f"c{attempt}.jsonl").read_bytes() == \
+            (tmp_path / f"m{attempt}.jsonl").read_bytes()

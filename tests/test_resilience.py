@@ -1094,3 +1094,37 @@ async def test_pipeline_works_while_the_broker_is_busy_not_in_the_turnaround():
     await wait_for(lambda: seen[-1] == "flow 3", timeout=5, what="the delay timer")
     await pipeline.close()
     await quick.close()
+
+
+async def test_pipeline_drained_yields_between_slices():
+    """Waiting for the pipeline to drain a long queue works in slices: other
+    callbacks on the event loop (forwarding) still run in between."""
+    from kinspect.flows import Flow
+    from kinspect.proxy.pipeline import Pipeline
+
+    class Slow:
+        def on_flow(self, flow):
+            time.sleep(0.002)
+
+    pipeline = Pipeline(codec(), [Slow()], decode=False, slice_seconds=0.001, delay=3600)
+    pipeline.start()
+    for i in range(50):
+        f = Flow(i + 1, 1, "c", "u", 18, 3, i, "ApiVersions", b"req", 0)
+        f.response = b"resp"
+        pipeline.complete(f)
+    ticks = 0
+
+    async def ticker():
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    t = asyncio.create_task(ticker())
+    try:
+        await pipeline.drained()
+    finally:
+        t.cancel()
+    assert not pipeline._q
+    assert ticks >= 10, ticks  # about one tick per slice of ~1 flow
+    await pipeline.close()

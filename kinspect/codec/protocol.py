@@ -249,6 +249,11 @@ class Codec:
             self.decode_response(frame, api_key, api_version)
             return frozenset()
         _, pos = self._resp_header.decode_from(frame, hv, 0)
+        if (api_key == API_VERSIONS and api_version > 0 and len(frame) >= pos + 2
+                and _H(frame, pos)[0] == UNSUPPORTED_VERSION):
+            # refused with a v0 body (KIP-511), as decode_response reads it: no tags
+            if self.decode_response(frame, api_key, api_version).body_version == 0:
+                return frozenset()
         return self.registry.codec(spec).top_level_tags(frame, api_version, pos)
 
     def decode_response(self, frame: bytes, api_key: int, api_version: int, *,

@@ -494,6 +494,11 @@ def scan_batches(data: bytes | memoryview | None) -> BatchScan | None:
         if k < 0:
             raise DecodeError(f"invalid record count {k}", offset=pos + _V2_COUNT_OFFSET,
                               expected="record count (int32)", path=f"batches[{batches}]")
+        payload = _LOG_OVERHEAD + blen - _V2_HEADER_SIZE
+        if codec == 0 and k > payload // _MIN_V2_RECORD:  # as the decoder checks it
+            raise DecodeError(f"record count {k} impossible in {payload} bytes",
+                              offset=pos + _V2_COUNT_OFFSET, expected="record count (int32)",
+                              path=f"batches[{batches}]")
         count += k
         batches += 1
         names.add(COMPRESSION_NAMES[codec])

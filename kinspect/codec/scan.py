@@ -12,7 +12,7 @@ lengths and counts are read inline, and array elements are walked in a loop with
 their struct inlined. It validates what it walks (lengths within the bytes left,
 counts bounded by the bytes left before looping, varints of bounded length, the
 message ending exactly at ``end``) and allocates nothing proportional to the
-input. It checks less than a decode (string contents are not UTF-8-checked,
+input but the list of top-level tag numbers. It checks less than a decode (string contents are not UTF-8-checked,
 nullable markers and booleans not range-checked): a frame it accepts may still
 fail to decode, never the reverse.
 """
@@ -119,10 +119,13 @@ class _ScanGen:
                                f"'array length')")
             self.emit(ind, "else:")
             self.emit(ind + 1, f"for _ in _range({n}):")
+            mark = len(self.lines)
             if f.struct is not None:
                 self.struct(f.struct, ind + 2)
             else:
                 self.prim(et, ind + 2, compact, False, f)
+            if len(self.lines) == mark:  # elements with no bytes in this version
+                self.emit(ind + 2, "pass")
             return
         if f.struct is not None:
             if nullable:
@@ -133,7 +136,10 @@ class _ScanGen:
                     self.emit(ind, f"{m} = buf[pos]")
                     self.emit(ind, "pos += 1")
                 self.emit(ind, f"if {m} == 1:")
+                mark = len(self.lines)
                 self.struct(f.struct, ind + 1)
+                if len(self.lines) == mark:
+                    self.emit(ind + 1, "pass")
             else:
                 self.struct(f.struct, ind)
             return

@@ -84,8 +84,8 @@ class Pipeline:
             when the proxy calls :meth:`kick`, right after forwarding requests: the
             broker is busy with them, so the time until their responses come is free
             for decoding, the live view and the capture, which then stay out of the
-            request/response turnaround (measured in BENCHMARKS.md, Proxy); 0 always
-            starts at the next loop iteration.
+            request/response turnaround (measured in BENCHMARKS.md, Proxy); with 0,
+            every event also schedules the work for the next loop iteration.
 
     An addon that raises is logged and skipped for that event; the others still run.
     """
@@ -107,7 +107,7 @@ class Pipeline:
         self.backlog_bytes = 0
         self.proxy: Any = None
         self._q: deque = deque()
-        self._scheduled = False
+        self._cb_pending = False  # a call_soon(_on_callback) is queued
         self._timer: asyncio.TimerHandle | None = None
         self._draining = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -131,25 +131,31 @@ class Pipeline:
     # -- events from the proxy (hot path: append and schedule only) -------------
     def _push(self, item: tuple) -> None:
         self._q.append(item)
-        if not self._scheduled:
-            self._idle.clear()
-            if self.delay <= 0:
-                self._start()
-            elif self._timer is None:
-                # the fallback: work starts within ``delay`` even if no request
-                # comes. One timer serves many events (it is not re-armed per event,
-                # nor cancelled when a request starts the work first).
-                loop = self._loop or asyncio.get_running_loop()
-                self._timer = loop.call_later(self.delay, self._on_timer)
+        if self._cb_pending or self._draining:
+            return  # the work under way or already scheduled takes it
+        self._idle.clear()
+        if self.delay <= 0:
+            self._schedule()
+        elif self._timer is None:
+            # the fallback: work starts within ``delay`` even if no request comes.
+            # One timer serves many events (it is not re-armed per event, nor
+            # cancelled when a kick starts the work first).
+            loop = self._loop or asyncio.get_running_loop()
+            self._timer = loop.call_later(self.delay, self._on_timer)
 
-    def _start(self) -> None:
-        self._scheduled = True
-        (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
+    def _schedule(self) -> None:
+        """Work at the next event-loop iteration (one callback at a time)."""
+        if not self._cb_pending:
+            self._cb_pending = True
+            (self._loop or asyncio.get_running_loop()).call_soon(self._on_callback)
+
+    def _on_callback(self) -> None:
+        self._cb_pending = False
+        self._drain()
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._q and not self._scheduled:
-            self._scheduled = True
+        if self._q and not self._cb_pending:
             self._drain()
 
     def request(self, flow: Flow) -> None:
@@ -163,8 +169,7 @@ class Pipeline:
         requests: the broker is busy with them and the client has nothing to wait
         for, so the time is free; running here rather than in a callback of its
         own also spares an event-loop iteration per request."""
-        if self._q and not self._draining:
-            self._scheduled = True
+        if self._q and not self._cb_pending:
             self._drain()
 
     def complete(self, flow: Flow) -> None:
@@ -210,10 +215,15 @@ class Pipeline:
         # (another thread or process), with no pipeline event to notice it
         if self._recheck is None:
             loop = self._loop or asyncio.get_running_loop()
-            self._recheck = loop.call_later(0.01, self._check_overload)
+            self._recheck = loop.call_later(0.01, self._on_recheck)
+
+    def _on_recheck(self) -> None:
+        self._recheck = None
+        self._check_overload()
 
     def _check_overload(self) -> None:
-        self._recheck = None
+        """Resume the proxy once the backlog is under half the marks; while it is
+        not, keep the (single) 10 ms re-check armed."""
         proxy = self.proxy
         if proxy is None or self.pause_bytes is None or not proxy.overloaded:
             return
@@ -237,6 +247,10 @@ class Pipeline:
             self._drain_slice()
         finally:
             self._draining = False
+        if self._q:
+            self._schedule()  # the rest at the next iteration, after I/O
+        else:
+            self._idle.set()
 
     def _drain_slice(self) -> None:
         deadline = time.perf_counter() + self.slice_seconds
@@ -264,11 +278,6 @@ class Pipeline:
                 self._check_overload()
             elif self._queued_addons:
                 self._maybe_pause()
-        if q:
-            (self._loop or asyncio.get_running_loop()).call_soon(self._drain)
-        else:
-            self._scheduled = False
-            self._idle.set()
 
     def _flow(self, flow: Flow) -> None:
         if self.decode and SKIPPED not in flow.flags:
@@ -289,12 +298,12 @@ class Pipeline:
                     log.exception("pipeline: %s.%s failed", type(a).__name__, hook)
 
     async def drained(self) -> None:
-        """Wait until every queued event has been handled."""
-        while self._q or self._scheduled:
+        """Wait until every queued event has been handled (in slices, yielding to
+        the event loop between them)."""
+        while self._q or self._cb_pending or self._draining:
             self._idle.clear()
-            if not self._scheduled:
-                self._drain()
-                continue
+            if self._q and not self._cb_pending and not self._draining:
+                self._schedule()
             await self._idle.wait()
 
     async def close(self) -> None:
