@@ -306,19 +306,48 @@ def _writev_all(fd: int, parts: list[bytes]) -> None:
     i = 0
     n_parts = len(parts)
     while i < n_parts:
-        chunk = parts[i:i + _IOV_MAX]
-        n = os.writev(fd, chunk)
-        for piece in chunk:
-            if n >= len(piece):
-                n -= len(piece)
-                i += 1
-                continue
-            # a short write ended inside this piece: the rest of it goes first next time
-            parts[i] = memoryview(piece)[n:]
+        i = _advance(parts, i, os.writev(fd, parts[i:i + _IOV_MAX]))
+
+
+def _advance(parts: list, i: int, n: int) -> int:
+    """After ``n`` bytes of ``parts[i:]`` were written: the index of the first piece
+    not written whole; a piece written in part is replaced by the rest of it."""
+    while i < len(parts):
+        size = len(parts[i])
+        if n < size:  # (empty pieces are passed over even when n is 0)
+            if n:
+                parts[i] = memoryview(parts[i])[n:]
             break
+        n -= size
+        i += 1
+    return i
 
 
-class CaptureWriter:
+class CaptureHooks:
+    """The pipeline hooks of a capture writer, in terms of its ``write_frame(flow,
+    direction, frame, sent, ts_ns)`` and ``_conn_line(conn, event, ts_ns)``: what a
+    capture records of each event (shared by :class:`CaptureWriter` and
+    :class:`~kinspect.capture_process.CaptureProcess`)."""
+
+    def on_connect(self, conn: Any) -> None:
+        self._conn_line(conn, "open", getattr(conn, "opened", None) or time.time_ns())
+
+    def on_disconnect(self, conn: Any) -> None:
+        self._conn_line(conn, "close", getattr(conn, "closed_ns", None) or time.time_ns())
+
+    def on_request(self, flow: Flow) -> None:
+        if UNPAIRED in flow.flags:
+            return
+        self.write_frame(flow, "req", flow.request, flow.request_sent, flow.request_ns)
+
+    def on_flow(self, flow: Flow) -> None:
+        if flow.response is None:
+            return
+        self.write_frame(flow, "resp", flow.response, flow.response_sent,
+                         flow.response_ns or time.time_ns())
+
+
+class CaptureWriter(CaptureHooks):
     """Pipeline addon writing a capture file (see the module docstring for the format).
 
     Args:
@@ -527,28 +556,11 @@ class CaptureWriter:
         else:
             self._append(rec, raws=((_FRAME_KEY, _b64(frame)),))
 
-    def on_connect(self, conn: Any) -> None:
-        self._conn_line(conn, "open", getattr(conn, "opened", None) or time.time_ns())
-
-    def on_disconnect(self, conn: Any) -> None:
-        self._conn_line(conn, "close", getattr(conn, "closed_ns", None) or time.time_ns())
-
     def _conn_line(self, conn: Any, event: str, ts: int) -> None:
         if self._closed:
             return
         self._append({"type": "conn", "event": event, "ts_ns": ts, "conn": conn.id,
                       "client": conn.client, "upstream": conn.upstream_addr})
-
-    def on_request(self, flow: Flow) -> None:
-        if UNPAIRED in flow.flags:
-            return
-        self.write_frame(flow, "req", flow.request, flow.request_sent, flow.request_ns)
-
-    def on_flow(self, flow: Flow) -> None:
-        if flow.response is None:
-            return
-        self.write_frame(flow, "resp", flow.response, flow.response_sent,
-                         flow.response_ns or time.time_ns())
 
 
 # ---------------------------------------------------------------------------

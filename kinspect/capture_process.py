@@ -43,10 +43,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .capture import _IOV_MAX, CaptureError, CaptureWriter
+from .capture import _IOV_MAX, CaptureError, CaptureHooks, CaptureWriter, _advance
 from .codec import Codec, KinspectError
 from .codec.registry import SpecRegistry, SpecSource
-from .flows import UNPAIRED, Flow
+from .flows import Flow
 
 log = logging.getLogger("kinspect.capture")
 
@@ -56,7 +56,7 @@ _START_TIMEOUT = 60.0
 _STOP_TIMEOUT = 120.0
 
 
-class CaptureProcess:
+class CaptureProcess(CaptureHooks):
     """Pipeline addon writing a capture file through a child process.
 
     Args: as :class:`~kinspect.capture.CaptureWriter` (``path``, ``codec``,
@@ -171,19 +171,12 @@ class CaptureProcess:
         out = self._out
         try:
             while out:
-                chunk = out[:_IOV_MAX]
-                n = os.writev(self._fd, chunk)
+                chunk = len(out) if len(out) < _IOV_MAX else _IOV_MAX
+                n = os.writev(self._fd, out[:chunk])
                 self.backlog_bytes -= n
-                i = 0
-                for piece in chunk:
-                    if n >= len(piece):
-                        n -= len(piece)
-                        i += 1
-                        continue
-                    out[i] = memoryview(piece)[n:]
-                    break
+                i = _advance(out, 0, n)
                 del out[:i]
-                if i < len(chunk):  # the pipe is full
+                if i < chunk:  # the pipe is full
                     break
         except BlockingIOError:
             pass
@@ -219,25 +212,8 @@ class CaptureProcess:
         if self._send(header, frame) if sent is None else self._send(header, frame, sent):
             self.frames += 1
 
-    def on_connect(self, conn: Any) -> None:
-        self._conn(conn, "open", getattr(conn, "opened", None) or time.time_ns())
-
-    def on_disconnect(self, conn: Any) -> None:
-        self._conn(conn, "close", getattr(conn, "closed_ns", None) or time.time_ns())
-
-    def _conn(self, conn: Any, event: str, ts: int) -> None:
+    def _conn_line(self, conn: Any, event: str, ts: int) -> None:
         self._send(("c", event, ts, conn.id, conn.client, conn.upstream_addr))
-
-    def on_request(self, flow: Flow) -> None:
-        if UNPAIRED in flow.flags:
-            return
-        self.write_frame(flow, "req", flow.request, flow.request_sent, flow.request_ns)
-
-    def on_flow(self, flow: Flow) -> None:
-        if flow.response is None:
-            return
-        self.write_frame(flow, "resp", flow.response, flow.response_sent,
-                         flow.response_ns or time.time_ns())
 
     # -- end ------------------------------------------------------------------------
     def close(self) -> None:

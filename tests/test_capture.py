@@ -737,3 +737,15 @@ async def test_capture_process_closed_right_after_a_burst_writes_it_whole(tmp_pa
         assert child.backlog_bytes == 0 and child.lines == 25
         assert (tmp_path / f"c{attempt}.jsonl").read_bytes() == \
             (tmp_path / f"m{attempt}.jsonl").read_bytes()
+
+
+def test_writev_all_passes_over_empty_pieces(tmp_path):
+    """Runs of empty pieces (the base64 of an empty frame) longer than IOV_MAX are
+    passed over, not written forever."""
+    from kinspect import capture as cap
+
+    pieces = [b""] * (cap._IOV_MAX * 2 + 3) + [b"x"] + [b""] * 5 + [b"yz"]
+    path = tmp_path / "out"
+    with open(path, "wb", buffering=0) as fh:
+        cap._writev_all(fh.fileno(), list(pieces))
+    assert path.read_bytes() == b"xyz"
