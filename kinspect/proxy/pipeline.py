@@ -2,8 +2,10 @@
 
 The proxy hands every request and every completed flow to a :class:`Pipeline`
 right after forwarding the bytes. The pipeline works through them on the event
-loop in slices of bounded time, so forwarding never waits for it. Under load it
-sheds work, never frames:
+loop in slices of bounded time (0.5 ms by default), started when the proxy has
+just forwarded requests (:meth:`Pipeline.kick`) or after a short delay: a frame
+that arrives meanwhile waits at most one slice. Under load it sheds work, never
+frames:
 
 * when more than ``max_backlog`` flows or ``skip_bytes`` bytes of frames wait,
   new flows are passed on undecoded (flag ``decode-skipped``, counted in
