@@ -550,20 +550,9 @@ class _Unit:
             et = f.element_type
             fixed_elems = et in FIXED and et != "uuid" and f.struct is None
             if not self.traced and fixed_elems:
-                # the element size check below bounds the count before allocating
-                code, size = FIXED[et]
-                e = self.tmp("e")
+                # the element size check bounds the count before allocating
                 self.emit(ind, "else:")
-                self.emit(ind + 1, f"{e} = pos + {n} * {size}" if size > 1 else f"{e} = pos + {n}")
-                self.emit(ind + 1, f"if {e} > end:")
-                self.emit(ind + 2, f"raise _DE('array of %d {et} exceeds the %d bytes left' % "
-                                   f"({n}, end - pos), 'array of {et}')")
-                tbl = self.array_table(code, unpack=True)
-                self.emit(ind + 1, f"{target} = [*{tbl}[{n}](buf, pos)] if {n} < {_TABLE} "
-                                   f"else _ua({code!r}, {n}, buf, pos)")
-                self.emit(ind + 1, f"pos = {e}")
-                if self.traced and not in_tag:
-                    self.emit(ind, "T.pop()")
+                self.fixed_array(ind + 1, et, n, target, check=True)
                 return
             if not self.traced:
                 self.emit(ind, f"elif {n} == 0:")
@@ -593,18 +582,8 @@ class _Unit:
                     self.decode_body(f.struct, loop_ind + 1, x)
                     self.emit(loop_ind + 1, f"{ap}({x})")
                 self.emit(ind + 1, f"{target} = {a}")
-            elif et in FIXED and et != "uuid":
-                code, size = FIXED[et]
-                e = self.tmp("e")
-                self.emit(ind + 1, f"{e} = pos + {n} * {size}" if size > 1 else f"{e} = pos + {n}")
-                if size > 1:
-                    self.emit(ind + 1, f"if {e} > end:")
-                    self.emit(ind + 2, f"raise _DE('array of %d {et} exceeds the %d bytes left' % "
-                                       f"({n}, end - pos), 'array of {et}')")
-                tbl = self.array_table(code, unpack=True)
-                self.emit(ind + 1, f"{target} = [*{tbl}[{n}](buf, pos)] if {n} < {_TABLE} "
-                                   f"else _ua({code!r}, {n}, buf, pos)")
-                self.emit(ind + 1, f"pos = {e}")
+            elif fixed_elems:  # (the count was checked against the bytes left above)
+                self.fixed_array(ind + 1, et, n, target, check=FIXED[et][1] > 1)
             else:
                 a = self.tmp("a")
                 self.emit(ind + 1, f"{a} = []")
@@ -640,6 +619,22 @@ class _Unit:
             self.read_prim(ind, f.type, target, compact, nullable, f, pre=pre)
         if self.traced and not in_tag:
             self.emit(ind, "T.pop()")
+
+    def fixed_array(self, ind: int, et: str, n: str, target: str, check: bool) -> None:
+        """Read ``n`` fixed-width ``et`` elements into ``target`` with one
+        precompiled struct call; ``check``: first make sure they fit in the bytes
+        left (before anything is allocated)."""
+        code, size = FIXED[et]
+        e = self.tmp("e")
+        self.emit(ind, f"{e} = pos + {n} * {size}" if size > 1 else f"{e} = pos + {n}")
+        if check:
+            self.emit(ind, f"if {e} > end:")
+            self.emit(ind + 1, f"raise _DE('array of %d {et} exceeds the %d bytes left' % "
+                               f"({n}, end - pos), 'array of {et}')")
+        tbl = self.array_table(code, unpack=True)
+        self.emit(ind, f"{target} = [*{tbl}[{n}](buf, pos)] if {n} < {_TABLE} "
+                       f"else _ua({code!r}, {n}, buf, pos)")
+        self.emit(ind, f"pos = {e}")
 
     def batchable(self, st: StructSpec) -> bool:
         """Elements whose wire form is fixed-width (plus an empty tag section)."""
