@@ -100,7 +100,7 @@ class Struct:
         """A deep copy (lists and nested structs are copied)."""
         new = object.__new__(type(self))
         for n in self._fields:
-            object.__setattr__(new, n, _copy_value(getattr(self, n)))
+            object.__setattr__(new, n, copy_value(getattr(self, n)))
         new._unknown = dict(self._unknown) if self._unknown else None
         new._present = getattr(self, "_present", None)
         return new
@@ -142,11 +142,13 @@ class Struct:
         return obj
 
 
-def _copy_value(v: Any) -> Any:
+def copy_value(v: Any) -> Any:
+    """A deep copy of a field value: structs and lists are copied, the rest is
+    immutable and shared."""
     if isinstance(v, Struct):
         return v.copy()
     if isinstance(v, list):
-        return [_copy_value(x) for x in v]
+        return [copy_value(x) for x in v]
     return v
 
 

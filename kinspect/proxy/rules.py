@@ -54,7 +54,7 @@ from typing import Any
 from ..codec import Codec, DecodeError, EncodeError, KinspectError, Struct, Versions
 from ..codec.compiler import write_uvarint
 from ..codec.spec import FieldSpec, MessageSpec, StructSpec, uuid_from_text
-from ..codec.values import struct_class
+from ..codec.values import copy_value, struct_class
 from ..codec.versions import ALL, NONE
 from ..units import parse_size as _parse_size
 
@@ -471,7 +471,7 @@ class Rule:
                 f = known.get(tag)
                 if f is None:
                     continue  # not tagged at this version
-                setattr(obj, f.name, _copy(value))
+                setattr(obj, f.name, copy_value(value))
                 _add_present(obj, f.tag)
                 changed = True
         return changed
@@ -508,14 +508,6 @@ def _reset(obj: Struct, f: FieldSpec) -> bool:
     setattr(obj, f.name, default)
     _discard_present(obj, f.tag)
     return True
-
-
-def _copy(v: Any) -> Any:
-    if isinstance(v, Struct):
-        return v.copy()
-    if isinstance(v, list):
-        return [_copy(x) for x in v]
-    return v
 
 
 # ---------------------------------------------------------------------------
