@@ -362,11 +362,15 @@ def _json_line(line: str, lineno: int, out: Any) -> Any:
         return _BAD
 
 
-def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
-    from ..capture import _b64decode
-    from ..codec import DecodeError
+_PASS, _DONE, _FAILED = range(3)
 
-    pending: dict[Any, dict[int, collections.deque]] = collections.defaultdict(dict)
+
+def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
+    """Batch mode of decode and encode: one output line per input line, in order.
+    ``convert(record)`` returns ``(output record, _PASS | _DONE | _FAILED)``: a
+    line passed through unchanged (session lines and the like), a frame converted,
+    or a frame that failed (its output carries the error). Blank lines are skipped;
+    a line that is not JSON becomes an error line. Counts go to stderr."""
     out = _open_out(args.output)
     n = errors = 0
     try:
@@ -377,26 +381,37 @@ def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
             if rec is _BAD:
                 errors += 1
                 continue
-            if not isinstance(rec, dict) or "frame" not in rec:
-                out.write(json.dumps(rec) + "\n")  # session/conn lines and the like
-                continue
-            n += 1
-            try:
-                frame = _b64decode(rec["frame"], validate=True)
-                decoded = _decode_line(codec, rec, frame, pending)
-            except (DecodeError, InputError, ValueError, binascii.Error) as e:
-                errors += 1
-                err = e.to_dict() if isinstance(e, DecodeError) else {"error": str(e)}
-                out.write(json.dumps({**rec, "error": err}) + "\n")
-                continue
-            out.write(json.dumps(_replace_key(rec, "frame", "decoded", decoded)) + "\n")
+            result, status = convert(rec)
+            n += status != _PASS
+            errors += status == _FAILED
+            out.write(json.dumps(result) + "\n")
     finally:
         if out is not sys.stdout:
             out.close()
         else:
             out.flush()
-    print(f"kinspect decode: {n} frames, {errors} errors", file=sys.stderr)
+    print(f"kinspect {verb}: {n} frames, {errors} errors", file=sys.stderr)
     return 0
+
+
+def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
+    from ..capture import _b64decode
+    from ..codec import DecodeError
+
+    pending: dict[Any, dict[int, collections.deque]] = collections.defaultdict(dict)
+
+    def convert(rec: Any) -> tuple[Any, int]:
+        if not isinstance(rec, dict) or "frame" not in rec:
+            return rec, _PASS  # session/conn lines and the like
+        try:
+            frame = _b64decode(rec["frame"], validate=True)
+            decoded = _decode_line(codec, rec, frame, pending)
+        except (DecodeError, InputError, ValueError, binascii.Error) as e:
+            err = e.to_dict() if isinstance(e, DecodeError) else {"error": str(e)}
+            return {**rec, "error": err}, _FAILED
+        return _replace_key(rec, "frame", "decoded", decoded), _DONE
+
+    return _map_jsonl(args, "decode", convert)
 
 
 def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
@@ -467,38 +482,17 @@ def run_encode(args: argparse.Namespace) -> int:
 def _encode_jsonl(codec: Any, args: argparse.Namespace) -> int:
     from ..codec import EncodeError
 
-    out = _open_out(args.output)
-    n = errors = 0
-    try:
-        for lineno, line in enumerate(_lines(args.jsonl), 1):
-            if not line.strip():
-                continue
-            rec = _json_line(line, lineno, out)
-            if rec is _BAD:
-                errors += 1
-                continue
-            if not isinstance(rec, dict):
-                out.write(json.dumps(rec) + "\n")
-                continue
-            if "decoded" not in rec:
-                if "frame" in rec and "error" in rec:  # a frame that did not decode: as it was
-                    rec = {k: v for k, v in rec.items() if k != "error"}
-                out.write(json.dumps(rec) + "\n")
-                continue
-            n += 1
-            try:
-                frame = encode_message(codec, message_from_dict(codec, rec["decoded"]))
-            except (EncodeError, ValueError, TypeError) as e:
-                errors += 1
-                out.write(json.dumps({**rec, "error": {"error": str(e),
-                                                       "path": getattr(e, "path", None)}}) + "\n")
-                continue
-            out.write(json.dumps(_replace_key(rec, "decoded", "frame",
-                                              base64.b64encode(frame).decode("ascii"))) + "\n")
-    finally:
-        if out is not sys.stdout:
-            out.close()
-        else:
-            out.flush()
-    print(f"kinspect encode: {n} frames, {errors} errors", file=sys.stderr)
-    return 0
+    def convert(rec: Any) -> tuple[Any, int]:
+        if not isinstance(rec, dict):
+            return rec, _PASS
+        if "decoded" not in rec:
+            if "frame" in rec and "error" in rec:  # a frame that did not decode: as it was
+                rec = {k: v for k, v in rec.items() if k != "error"}
+            return rec, _PASS
+        try:
+            frame = encode_message(codec, message_from_dict(codec, rec["decoded"]))
+        except (EncodeError, ValueError, TypeError) as e:
+            return {**rec, "error": {"error": str(e), "path": getattr(e, "path", None)}}, _FAILED
+        return _replace_key(rec, "decoded", "frame", base64.b64encode(frame).decode("ascii")), _DONE
+
+    return _map_jsonl(args, "encode", convert)
