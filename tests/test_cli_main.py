@@ -33,6 +33,13 @@ def test_demo_runs_real_flows_and_stops_everything():
             socket.create_connection((host, int(port)), timeout=2).close()
 
 
+def test_demo_rounds_add_up():
+    """``--rounds N`` reports the totals of all N rounds."""
+    proc = run("demo", "--rounds", "2", "--messages", "2", "--no-tui", "--interval", "0")
+    assert proc.returncode == 0, proc.stderr
+    assert "produced=4, consumed=4, rounds=2" in proc.stderr, proc.stderr
+
+
 def test_specs_lists_apis_with_sources():
     proc = run("specs", "--format", "json")
     assert proc.returncode == 0, proc.stderr

@@ -159,7 +159,7 @@ def run_proxy(args: argparse.Namespace) -> int:
 def run_demo(args: argparse.Namespace) -> int:
     from ..brokers import TansuBroker
     from ..proxy.server import install_uvloop
-    from ..workload import run_forever, run_workload
+    from ..workload import WorkloadResult, run_forever, run_workload
 
     install_uvloop()
     listen = args.listen
@@ -186,13 +186,16 @@ def run_demo(args: argparse.Namespace) -> int:
 
             def work() -> Any:
                 if args.rounds is not None:
-                    result = None
+                    total = WorkloadResult()
                     for _ in range(args.rounds):
                         if stop_workload.is_set():
                             break
-                        result = run_workload(bootstrap, messages=args.messages,
-                                              stop_event=stop_workload)
-                    return result
+                        r = run_workload(bootstrap, messages=args.messages,
+                                         stop_event=stop_workload)
+                        total.produced += r.produced
+                        total.consumed += r.consumed
+                        total.rounds += r.rounds
+                    return total
                 return run_forever(bootstrap, stop_workload, messages=args.messages,
                                    interval=args.interval)
 
