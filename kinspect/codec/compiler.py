@@ -31,6 +31,9 @@ import struct as _struct
 from typing import Any, Callable
 
 from .errors import DecodeError, EncodeError
+from .native import native_module
+
+_native = native_module()
 from .spec import INT_RANGES, FieldSpec, MessageSpec, StructSpec
 from .values import Struct, struct_class
 
@@ -1020,18 +1023,19 @@ def _write_tags(out: bytearray, tags: list[tuple[int, bytes]]) -> None:
 
 
 class CompiledVersion:
-    """The decode and encode functions of one message at one version."""
+    """The decode and encode functions of one message at one version, and the
+    native decode program (``None`` where the C fast path is not available)."""
 
-    __slots__ = ("decode", "encode", "decode_traced", "encode_traced", "source")
+    __slots__ = ("decode", "encode", "decode_traced", "encode_traced", "source", "native")
 
     def __init__(self, msg: MessageSpec, version: int):
-        self.decode, self.encode, self.source = _compile(msg, version, traced=False)
+        self.decode, self.encode, self.source, self.native = _compile(msg, version, traced=False)
         self.decode_traced = None
         self.encode_traced = None
 
     def traced(self, msg: MessageSpec, version: int) -> None:
         if self.decode_traced is None:
-            self.decode_traced, self.encode_traced, _ = _compile(msg, version, traced=True)
+            self.decode_traced, self.encode_traced, _, _ = _compile(msg, version, traced=True)
 
 
 def _compile(msg: MessageSpec, version: int, traced: bool):
@@ -1042,4 +1046,78 @@ def _compile(msg: MessageSpec, version: int, traced: bool):
     source = "\n".join(unit.lines)
     code = compile(source, f"<kinspect {msg.name} v{version}{' traced' if traced else ''}>", "exec")
     exec(code, unit.ns)
-    return unit.ns[unit.fn("d", msg.struct)], unit.ns[unit.fn("e", msg.struct)], source
+    native = None
+    if _native is not None and not traced:
+        native = _NativeBuilder(unit).program(msg.struct, wire=True)
+    return unit.ns[unit.fn("d", msg.struct)], unit.ns[unit.fn("e", msg.struct)], source, native
+
+
+# ---------------------------------------------------------------------------
+# programs for the C fast path (kinspect/codec/_native.c)
+
+_NATIVE_TYPES = {"bool": "T_BOOL", "int8": "T_I8", "int16": "T_I16", "uint16": "T_U16",
+                 "int32": "T_I32", "uint32": "T_U32", "int64": "T_I64", "float64": "T_F64",
+                 "uuid": "T_UUID", "string": "T_STR", "bytes": "T_BYTES", "records": "T_BYTES"}
+
+
+class _NativeBuilder:
+    """Turns the decisions of a fast :class:`_Unit` (which fields are on the wire at
+    its version, compact or not, nullable or not, tagged or not, their encodings and
+    defaults) into :class:`kinspect.codec._native.Program` objects. Non-empty tag
+    sections stay with the unit's generated ``t_*`` functions."""
+
+    def __init__(self, unit: _Unit):
+        self.unit = unit
+        self.done: dict[tuple[int, bool], Any] = {}
+
+    def program(self, st: StructSpec, wire: bool) -> Any:
+        """The program of ``st``: how it is read at the unit's version (``wire``), or
+        only how its default instance is built."""
+        key = (id(st), wire)
+        pg = self.done.get(key)
+        if pg is not None:
+            return pg
+        pg = self.done[key] = _native.Program(struct_class(st))
+        u = self.unit
+        ops = [self.op(f) for f in st.fields] if wire else []
+        defaults = [self.default_op(f) for f in st.fields]
+        flexible = wire and u.flexible
+        pg.setup(ops, defaults, flexible, u.ns[u.fn("t", st)] if flexible else None)
+        return pg
+
+    @staticmethod
+    def _t(name: str) -> int:
+        return getattr(_native, _NATIVE_TYPES[name])
+
+    def op(self, f: FieldSpec) -> tuple:
+        u, v, N = self.unit, self.unit.version, _native
+        if not u.present(f) or f.tagged_in(v):
+            return self.default_op(f)
+        compact, nullable = u.compact(f), f.nullable_in(v)
+        if f.is_array:
+            if f.struct is not None:
+                return (N.K_ARRAY, f.name, 0, compact, nullable, 0, None,
+                        self.program(f.struct, wire=True))
+            return (N.K_ARRAY, f.name, self._t(f.element_type), compact, nullable, 0, None, None)
+        if f.struct is not None:
+            return (N.K_STRUCT, f.name, 0, False, nullable, 0, None,
+                    self.program(f.struct, wire=True))
+        if f.type in ("string", "bytes", "records"):
+            kind = N.K_STRING if f.type == "string" else N.K_BYTES
+            return (kind, f.name, 0, compact, nullable, 0, None, None)
+        if u.is_fixed(f):
+            return (N.K_FIXED, f.name, self._t(f.type), False, False, 0, None, None)
+        kind = N.K_PACKED if f.encoding_in(v) == "packed" else N.K_UPACKED
+        return (kind, f.name, 0, False, False, _WIDTH_BITS[f.type], None, None)
+
+    def default_op(self, f: FieldSpec) -> tuple:
+        """Mirrors :meth:`_Unit.default_expr`: ``[]`` and default structs are new
+        objects each time, everything else a shared immutable constant."""
+        N = _native
+        if f.is_array and f.default_text != "null":
+            return (N.K_NEWLIST, f.name, 0, False, False, 0, None, None)
+        if f.struct is not None and not f.is_array and f.default_text != "null":
+            return (N.K_NEWSTRUCT, f.name, 0, False, False, 0, None,
+                    self.program(f.struct, wire=False))
+        value = None if f.is_array or f.struct is not None else f.default
+        return (N.K_CONST, f.name, 0, False, False, 0, value, None)

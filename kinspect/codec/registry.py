@@ -28,9 +28,12 @@ from typing import Any
 import json5
 
 from .compiler import CompiledVersion
+from .native import native_module
 from .errors import DecodeError, EncodeError, KinspectError, SpecError
 from .spec import MessageSpec, parse_message_spec
 from .values import Struct, struct_class
+
+_native_decode = getattr(native_module(), "decode", None)
 
 PROJECT_SPECS = Path(__file__).resolve().parents[2] / "specs"
 ENV_VAR = "KINSPECT_SPECS"
@@ -259,6 +262,17 @@ class MessageCodec:
         if paused:
             _gc_disable()
         try:
+            native = cv.native
+            if native is not None:
+                # the C fast path; None (or an error raised by a generated tag-section
+                # function it called) means "not accepted": the generated decoder
+                # below then decodes it the same way or raises the precise error
+                try:
+                    got = _native_decode(native, buf, pos, end)
+                except Exception:  # noqa: BLE001 - re-raised precisely by the Python path
+                    got = None
+                if got is not None:
+                    return got
             return cv.decode(buf, pos, end)
         except _DECODE_FAILURES as ex:
             raise self._diagnose(cv, buf, pos, end, version, ex) from None

@@ -1,0 +1,757 @@
+/*
+ * kinspect.codec._native: the fast path of the spec-driven decoder, in C.
+ *
+ * A Program describes how one spec struct is laid out on the wire at one message
+ * version (built once per (struct, version) by kinspect.codec.compiler from the
+ * same decisions its generated Python decoder makes): a list of operations, one per
+ * field in spec order, each reading one field from the wire or setting the field's
+ * default, then the struct's tag section. decode() walks the buffer with those
+ * programs and builds the same value classes (their __slots__ are written directly).
+ *
+ * The wire formats are the Kafka protocol guide's, with KIP-482 (compact types,
+ * unsigned varints, tag sections) and KIP-893 (nullable structs), and the proposed
+ * per-field "encoding" (packed zig-zag / upacked unsigned varints).
+ *
+ * Contract with the Python side: decode() returns (value, end_offset) when the
+ * bytes decode, and None when they do not (truncated, lengths or counts past the
+ * end, negative lengths where not allowed, invalid UTF-8, over-long varints, values
+ * out of range, too deep). It never reads outside buf[pos:end] and checks every
+ * count against the bytes left before allocating for it. On None the caller runs the
+ * generated Python decoder, which either succeeds the same way or raises the precise
+ * DecodeError, so this file only has to be right about what it accepts. Non-empty
+ * tag sections are handed to the generated Python tag-section function of the
+ * struct (they are rare, and that function knows every tagged field's type).
+ */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <stdint.h>
+#include <string.h>
+
+/* operation kinds */
+enum {
+    K_FIXED = 1,    /* fixed-width primitive: type */
+    K_PACKED,       /* zig-zag varint of type bits */
+    K_UPACKED,      /* unsigned varint of type bits */
+    K_STRING,       /* compact/nullable string */
+    K_BYTES,        /* compact/nullable bytes or records */
+    K_ARRAY,        /* array of primitives (type) or of structs (sub) */
+    K_STRUCT,       /* struct field (nullable: int8 marker, KIP-893) */
+    K_CONST,        /* default: a shared immutable constant */
+    K_NEWLIST,      /* default: a new empty list */
+    K_NEWSTRUCT,    /* default: a new struct with every field at its default */
+};
+
+/* primitive types */
+enum {
+    T_BOOL_ = 1, T_I8, T_I16, T_U16, T_I32, T_U32, T_I64, T_F64, T_UUID,
+    T_STR, T_BYTES_,
+};
+
+static const int FIXED_SIZE[] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 16, 0, 0};
+
+#define MAX_DEPTH 64
+
+typedef struct Program Program;
+
+typedef struct {
+    int kind;
+    int type;           /* primitive type (elements, for K_ARRAY of primitives) */
+    int compact;
+    int nullable;
+    int bits;           /* K_PACKED / K_UPACKED */
+    Py_ssize_t offset;  /* slot offset in the instance */
+    PyObject *obj;      /* K_CONST value */
+    Program *sub;       /* struct program (K_ARRAY of structs, K_STRUCT, K_NEWSTRUCT) */
+} Op;
+
+struct Program {
+    PyObject_HEAD
+    PyTypeObject *cls;
+    Py_ssize_t unknown_off;
+    int flexible;
+    int ready;
+    PyObject *tagfunc;      /* generated Python tag-section function, or NULL */
+    Py_ssize_t nops, ndefs;
+    Op *ops;                /* decode */
+    Op *defs;               /* build an instance with every field at its default */
+    PyObject *keep;         /* references held for the ops (constants, sub programs) */
+};
+
+static PyTypeObject Program_Type;
+
+typedef struct {
+    PyObject *bufobj;
+    const unsigned char *buf;
+    Py_ssize_t pos;
+    Py_ssize_t end;
+    int depth;
+} Ctx;
+
+/* ---------------------------------------------------------------- reading */
+
+/* An unsigned varint of at most maxb bytes (5: the value must fit 32 bits; 10: 64
+ * bits). Returns 0 on success. */
+static inline int
+rd_uv(Ctx *c, int maxb, uint64_t *out)
+{
+    Py_ssize_t p = c->pos;
+    if (p < c->end) {
+        unsigned b = c->buf[p];
+        if (b < 0x80) {
+            *out = b;
+            c->pos = p + 1;
+            return 0;
+        }
+    }
+    uint64_t v = 0;
+    int shift = 0;
+    for (int i = 0; i < maxb; i++) {
+        if (p >= c->end)
+            return -1;
+        unsigned b = c->buf[p++];
+        if (shift == 63 && (b & 0x7e))
+            return -1;  /* more than 64 bits */
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            if (maxb == 5 && v > 0xFFFFFFFFull)
+                return -1;
+            *out = v;
+            c->pos = p;
+            return 0;
+        }
+        shift += 7;
+    }
+    return -1;
+}
+
+static inline uint16_t ld16(const unsigned char *p) { return (uint16_t)((p[0] << 8) | p[1]); }
+static inline uint32_t ld32(const unsigned char *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+static inline uint64_t ld64(const unsigned char *p)
+{
+    return ((uint64_t)ld32(p) << 32) | ld32(p + 4);
+}
+
+/* A fixed-width primitive at c->pos (bounds already checked by the caller). */
+static inline PyObject *
+fixed_value(int type, const unsigned char *p)
+{
+    switch (type) {
+    case T_BOOL_: return PyBool_FromLong(p[0] != 0);
+    case T_I8: return PyLong_FromLong((int8_t)p[0]);
+    case T_I16: return PyLong_FromLong((int16_t)ld16(p));
+    case T_U16: return PyLong_FromLong(ld16(p));
+    case T_I32: return PyLong_FromLong((int32_t)ld32(p));
+    case T_U32: return PyLong_FromUnsignedLong(ld32(p));
+    case T_I64: return PyLong_FromLongLong((int64_t)ld64(p));
+    case T_F64:
+#if PY_VERSION_HEX >= 0x030B0000
+        {
+            double d = PyFloat_Unpack8((const char *)p, 0);
+            if (d == -1.0 && PyErr_Occurred())
+                return NULL;
+            return PyFloat_FromDouble(d);
+        }
+#else
+        {
+            double d = _PyFloat_Unpack8(p, 0);
+            if (d == -1.0 && PyErr_Occurred())
+                return NULL;
+            return PyFloat_FromDouble(d);
+        }
+#endif
+    case T_UUID: return PyBytes_FromStringAndSize((const char *)p, 16);
+    }
+    PyErr_SetString(PyExc_SystemError, "kinspect native: bad fixed type");
+    return NULL;
+}
+
+/* A length or count: compact (uvarint minus one) or a signed int16/int32.
+ * Returns 0 on success. */
+static inline int
+rd_len(Ctx *c, int compact, int wide, int64_t *n)
+{
+    if (compact) {
+        uint64_t u;
+        if (rd_uv(c, 5, &u))
+            return -1;
+        *n = (int64_t)u - 1;
+        return 0;
+    }
+    if (wide) {
+        if (c->end - c->pos < 4)
+            return -1;
+        *n = (int32_t)ld32(c->buf + c->pos);
+        c->pos += 4;
+    } else {
+        if (c->end - c->pos < 2)
+            return -1;
+        *n = (int16_t)ld16(c->buf + c->pos);
+        c->pos += 2;
+    }
+    return 0;
+}
+
+/* Marker for "did not decode": a borrowed pointer that is never a value. */
+#define FAIL NULL
+
+static PyObject *decode_struct(Program *pg, Ctx *c);
+static PyObject *default_struct(Program *pg, int depth);
+
+/* string or bytes; returns a new reference, or NULL (no exception set = did not
+ * decode) */
+static PyObject *
+rd_strbytes(Ctx *c, int is_str, int compact, int nullable)
+{
+    int64_t n;
+    if (rd_len(c, compact, !is_str, &n))
+        return FAIL;
+    if (n < 0) {
+        if (nullable && n == -1)
+            Py_RETURN_NONE;
+        return FAIL;
+    }
+    if (n > c->end - c->pos)
+        return FAIL;
+    const char *p = (const char *)c->buf + c->pos;
+    c->pos += (Py_ssize_t)n;
+    if (is_str) {
+        PyObject *s = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, NULL);
+        if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
+            PyErr_Clear();
+        return s;
+    }
+    return PyBytes_FromStringAndSize(p, (Py_ssize_t)n);
+}
+
+static PyObject *
+rd_varint(Ctx *c, int kind, int bits)
+{
+    uint64_t u;
+    if (rd_uv(c, bits == 64 ? 10 : 5, &u))
+        return FAIL;
+    if (kind == K_UPACKED) {
+        uint64_t hi = bits == 64 ? 0x7FFFFFFFFFFFFFFFull : bits == 32 ? 0x7FFFFFFFull : 0x7FFFull;
+        if (u > hi)
+            return FAIL;
+        return PyLong_FromLongLong((long long)u);
+    }
+    int64_t v = (int64_t)(u >> 1) ^ -(int64_t)(u & 1);
+    if (bits == 16 && (v < -32768 || v > 32767))
+        return FAIL;
+    if (bits == 32 && (v < INT32_MIN || v > INT32_MAX))
+        return FAIL;
+    return PyLong_FromLongLong(v);
+}
+
+/* An array of primitives (op->type) or of structs (op->sub). */
+static PyObject *
+rd_array(const Op *op, Ctx *c)
+{
+    int64_t n;
+    if (rd_len(c, op->compact, 1, &n))
+        return FAIL;
+    if (n < 0) {
+        if (op->nullable && n == -1)
+            Py_RETURN_NONE;
+        return FAIL;
+    }
+    Py_ssize_t left = c->end - c->pos;
+    int t = op->type;
+    Py_ssize_t size = op->sub == NULL ? FIXED_SIZE[t] : 0;
+    if (size > 0 ? n > left / size : n > left)
+        return FAIL;  /* checked before anything is allocated */
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (list == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
+        PyObject *x;
+        if (op->sub != NULL) {
+            x = decode_struct(op->sub, c);
+        } else if (size > 0) {
+            x = fixed_value(t, c->buf + c->pos);
+            c->pos += size;
+        } else {
+            x = rd_strbytes(c, t == T_STR, op->compact, 0);
+        }
+        if (x == NULL) {
+            /* the list's unfilled items are NULL, which list_dealloc skips */
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, i, x);
+    }
+    return list;
+}
+
+static inline void
+set_slot(PyObject *o, Py_ssize_t off, PyObject *v)
+{
+    PyObject **slot = (PyObject **)((char *)o + off);
+    PyObject *old = *slot;
+    *slot = v;
+    Py_XDECREF(old);
+}
+
+/* The value of one default op (K_CONST, K_NEWLIST, K_NEWSTRUCT). */
+static inline PyObject *
+default_value(const Op *op, int depth)
+{
+    switch (op->kind) {
+    case K_CONST:
+        Py_INCREF(op->obj);
+        return op->obj;
+    case K_NEWLIST:
+        return PyList_New(0);
+    case K_NEWSTRUCT:
+        return default_struct(op->sub, depth + 1);
+    }
+    PyErr_SetString(PyExc_SystemError, "kinspect native: bad default op");
+    return NULL;
+}
+
+static PyObject *
+default_struct(Program *pg, int depth)
+{
+    if (depth > MAX_DEPTH) {
+        PyErr_SetString(PyExc_RecursionError, "kinspect native: defaults nested too deep");
+        return NULL;
+    }
+    PyObject *o = pg->cls->tp_alloc(pg->cls, 0);
+    if (o == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < pg->ndefs; i++) {
+        const Op *op = &pg->defs[i];
+        PyObject *v = default_value(op, depth);
+        if (v == NULL) {
+            Py_DECREF(o);
+            return NULL;
+        }
+        set_slot(o, op->offset, v);
+    }
+    Py_INCREF(Py_None);
+    set_slot(o, pg->unknown_off, Py_None);
+    return o;
+}
+
+static PyObject *
+decode_struct(Program *pg, Ctx *c)
+{
+    if (c->depth >= MAX_DEPTH)
+        return FAIL;
+    c->depth++;
+    PyObject *o = pg->cls->tp_alloc(pg->cls, 0);
+    if (o == NULL)
+        goto error;
+    const Op *op = pg->ops;
+    const Op *stop = op + pg->nops;
+    for (; op < stop; op++) {
+        PyObject *v;
+        switch (op->kind) {
+        case K_FIXED: {
+            Py_ssize_t size = FIXED_SIZE[op->type];
+            if (c->end - c->pos < size)
+                goto error;
+            v = fixed_value(op->type, c->buf + c->pos);
+            c->pos += size;
+            break;
+        }
+        case K_PACKED:
+        case K_UPACKED:
+            v = rd_varint(c, op->kind, op->bits);
+            break;
+        case K_STRING:
+            v = rd_strbytes(c, 1, op->compact, op->nullable);
+            break;
+        case K_BYTES:
+            v = rd_strbytes(c, 0, op->compact, op->nullable);
+            break;
+        case K_ARRAY:
+            v = rd_array(op, c);
+            break;
+        case K_STRUCT:
+            if (op->nullable) {
+                if (c->pos >= c->end)
+                    goto error;
+                int8_t m = (int8_t)c->buf[c->pos++];
+                if (m == -1) {
+                    Py_INCREF(Py_None);
+                    v = Py_None;
+                    break;
+                }
+                if (m != 1)
+                    goto error;
+            }
+            v = decode_struct(op->sub, c);
+            break;
+        default:
+            v = default_value(op, c->depth);
+        }
+        if (v == NULL)
+            goto error;
+        set_slot(o, op->offset, v);
+    }
+    /* tag section (KIP-482) */
+    if (pg->flexible) {
+        uint64_t cnt;
+        if (rd_uv(c, 5, &cnt))
+            goto error;
+        if (cnt == 0) {
+            Py_INCREF(Py_None);
+            set_slot(o, pg->unknown_off, Py_None);
+        } else {
+            PyObject *args[5];
+            args[0] = o;
+            args[1] = c->bufobj;
+            args[2] = PyLong_FromSsize_t(c->pos);
+            args[3] = PyLong_FromSsize_t(c->end);
+            args[4] = PyLong_FromUnsignedLongLong(cnt);
+            PyObject *r = NULL;
+            if (args[2] && args[3] && args[4])
+                r = PyObject_Vectorcall(pg->tagfunc, args, 5, NULL);
+            Py_XDECREF(args[2]);
+            Py_XDECREF(args[3]);
+            Py_XDECREF(args[4]);
+            if (r == NULL)
+                goto error;
+            Py_ssize_t p = PyLong_AsSsize_t(r);
+            Py_DECREF(r);
+            if (p == -1 && PyErr_Occurred())
+                goto error;
+            if (p < c->pos || p > c->end) {
+                PyErr_SetString(PyExc_SystemError,
+                                "kinspect native: tag section function returned a bad offset");
+                goto error;
+            }
+            c->pos = p;
+        }
+    } else {
+        Py_INCREF(Py_None);
+        set_slot(o, pg->unknown_off, Py_None);
+    }
+    c->depth--;
+    return o;
+error:
+    c->depth--;
+    Py_XDECREF(o);
+    return NULL;
+}
+
+/* decode(program, buf: bytes, pos: int, end: int) -> (value, end_offset) | None */
+static PyObject *
+native_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyObject_TypeCheck(args[0], &Program_Type) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "decode(program, buf: bytes, pos, end)");
+        return NULL;
+    }
+    Program *pg = (Program *)args[0];
+    if (!pg->ready) {
+        PyErr_SetString(PyExc_ValueError, "program not set up");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[3]);
+    if (end == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t size = PyBytes_GET_SIZE(args[1]);
+    if (pos < 0 || end < pos || end > size)
+        Py_RETURN_NONE;
+    Ctx c = {args[1], (const unsigned char *)PyBytes_AS_STRING(args[1]), pos, end, 0};
+    PyObject *o = decode_struct(pg, &c);
+    if (o == NULL) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *p = PyLong_FromSsize_t(c.pos);
+    if (p == NULL) {
+        Py_DECREF(o);
+        return NULL;
+    }
+    PyObject *t = PyTuple_New(2);
+    if (t == NULL) {
+        Py_DECREF(o);
+        Py_DECREF(p);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, o);
+    PyTuple_SET_ITEM(t, 1, p);
+    return t;
+}
+
+/* default(program) -> a new instance with every field at its default */
+static PyObject *
+native_default(PyObject *self, PyObject *arg)
+{
+    if (!PyObject_TypeCheck(arg, &Program_Type) || !((Program *)arg)->ready) {
+        PyErr_SetString(PyExc_TypeError, "default(program): a set-up Program");
+        return NULL;
+    }
+    return default_struct((Program *)arg, 0);
+}
+
+/* ---------------------------------------------------------------- Program */
+
+/* The offset of an object slot of cls (a member descriptor of type T_OBJECT_EX). */
+static Py_ssize_t
+slot_offset(PyTypeObject *cls, PyObject *name)
+{
+    PyObject *d = PyObject_GetAttr((PyObject *)cls, name);
+    if (d == NULL)
+        return -1;
+    if (Py_TYPE(d) != &PyMemberDescr_Type) {
+        PyErr_Format(PyExc_TypeError, "%R of %s is not a slot", name, cls->tp_name);
+        Py_DECREF(d);
+        return -1;
+    }
+    PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
+    Py_ssize_t off = m->offset;
+    int ok = m->type == T_OBJECT_EX && !(m->flags & READONLY);
+    Py_DECREF(d);
+    if (!ok || off <= 0 || off + (Py_ssize_t)sizeof(PyObject *) > cls->tp_basicsize) {
+        PyErr_Format(PyExc_TypeError, "%R of %s is not a writable object slot", name,
+                     cls->tp_name);
+        return -1;
+    }
+    return off;
+}
+
+static int
+check_type(int kind, int type, int bits, int has_sub)
+{
+    switch (kind) {
+    case K_FIXED:
+        return type >= T_BOOL_ && type <= T_UUID;
+    case K_PACKED:
+    case K_UPACKED:
+        return bits == 16 || bits == 32 || bits == 64;
+    case K_STRING:
+    case K_BYTES:
+    case K_CONST:
+    case K_NEWLIST:
+        return 1;
+    case K_ARRAY:
+        return has_sub || (type >= T_BOOL_ && type <= T_BYTES_);
+    case K_STRUCT:
+    case K_NEWSTRUCT:
+        return has_sub;
+    }
+    return 0;
+}
+
+/* ops: a list of (kind, slot name, type, compact, nullable, bits, obj, sub program) */
+static int
+load_ops(Program *pg, PyObject *list, Op **out, Py_ssize_t *nout, int allow_reads)
+{
+    if (!PyList_Check(list)) {
+        PyErr_SetString(PyExc_TypeError, "ops must be a list");
+        return -1;
+    }
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    Op *ops = PyMem_Calloc(n ? n : 1, sizeof(Op));
+    if (ops == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *t = PyList_GET_ITEM(list, i);
+        PyObject *name, *obj, *sub;
+        Op *op = &ops[i];
+        if (!PyArg_ParseTuple(t, "iOiiiiOO", &op->kind, &name, &op->type, &op->compact,
+                              &op->nullable, &op->bits, &obj, &sub))
+            goto fail;
+        int has_sub = sub != Py_None;
+        if (has_sub && !(PyObject_TypeCheck(sub, &Program_Type))) {
+            PyErr_SetString(PyExc_TypeError, "sub must be a Program or None");
+            goto fail;
+        }
+        if (!check_type(op->kind, op->type, op->bits, has_sub) ||
+            (!allow_reads && op->kind < K_CONST)) {
+            PyErr_Format(PyExc_ValueError, "bad op %R", t);
+            goto fail;
+        }
+        op->offset = slot_offset(pg->cls, name);
+        if (op->offset < 0)
+            goto fail;
+        if (op->kind == K_CONST) {
+            op->obj = obj;
+            if (PyList_Append(pg->keep, obj))
+                goto fail;
+        }
+        if (has_sub) {
+            op->sub = (Program *)sub;
+            if (PyList_Append(pg->keep, sub))
+                goto fail;
+        }
+    }
+    *out = ops;
+    *nout = n;
+    return 0;
+fail:
+    PyMem_Free(ops);
+    return -1;
+}
+
+static PyObject *
+Program_new(PyTypeObject *type, PyObject *args, PyObject *kw)
+{
+    PyObject *cls;
+    if (!PyArg_ParseTuple(args, "O!", &PyType_Type, &cls))
+        return NULL;
+    Program *pg = (Program *)type->tp_alloc(type, 0);
+    if (pg == NULL)
+        return NULL;
+    pg->keep = PyList_New(0);
+    if (pg->keep == NULL) {
+        Py_DECREF(pg);
+        return NULL;
+    }
+    Py_INCREF(cls);
+    pg->cls = (PyTypeObject *)cls;
+    PyObject *u = PyUnicode_FromString("_unknown");
+    if (u == NULL) {
+        Py_DECREF(pg);
+        return NULL;
+    }
+    pg->unknown_off = slot_offset(pg->cls, u);
+    Py_DECREF(u);
+    if (pg->unknown_off < 0) {
+        Py_DECREF(pg);
+        return NULL;
+    }
+    return (PyObject *)pg;
+}
+
+/* setup(ops, defaults, flexible, tagfunc): may be called once */
+static PyObject *
+Program_setup(Program *pg, PyObject *args)
+{
+    PyObject *ops, *defs, *tagfunc;
+    int flexible;
+    if (!PyArg_ParseTuple(args, "OOpO", &ops, &defs, &flexible, &tagfunc))
+        return NULL;
+    if (pg->ready || pg->ops != NULL) {
+        PyErr_SetString(PyExc_ValueError, "program already set up");
+        return NULL;
+    }
+    if (flexible && !PyCallable_Check(tagfunc)) {
+        PyErr_SetString(PyExc_TypeError, "a flexible program needs a tag-section function");
+        return NULL;
+    }
+    Op *o1 = NULL, *o2 = NULL;
+    Py_ssize_t n1, n2;
+    if (load_ops(pg, ops, &o1, &n1, 1))
+        return NULL;
+    if (load_ops(pg, defs, &o2, &n2, 0)) {
+        PyMem_Free(o1);
+        return NULL;
+    }
+    pg->ops = o1;
+    pg->nops = n1;
+    pg->defs = o2;
+    pg->ndefs = n2;
+    pg->flexible = flexible;
+    if (flexible) {
+        Py_INCREF(tagfunc);
+        pg->tagfunc = tagfunc;
+    }
+    pg->ready = 1;
+    Py_RETURN_NONE;
+}
+
+static int
+Program_traverse(Program *pg, visitproc visit, void *arg)
+{
+    Py_VISIT(pg->cls);
+    Py_VISIT(pg->tagfunc);
+    Py_VISIT(pg->keep);
+    return 0;
+}
+
+static int
+Program_clear(Program *pg)
+{
+    /* ops keep borrowed pointers into keep: a cleared program decodes nothing */
+    pg->ready = 0;
+    Py_CLEAR(pg->tagfunc);
+    Py_CLEAR(pg->keep);
+    return 0;
+}
+
+static void
+Program_dealloc(Program *pg)
+{
+    PyObject_GC_UnTrack(pg);
+    Program_clear(pg);
+    Py_CLEAR(pg->cls);
+    PyMem_Free(pg->ops);
+    PyMem_Free(pg->defs);
+    Py_TYPE(pg)->tp_free((PyObject *)pg);
+}
+
+static PyMethodDef Program_methods[] = {
+    {"setup", (PyCFunction)Program_setup, METH_VARARGS,
+     "setup(ops, defaults, flexible, tagfunc): fix the program's operations (once)."},
+    {NULL}
+};
+
+static PyTypeObject Program_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "kinspect.codec._native.Program",
+    .tp_basicsize = sizeof(Program),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "How one spec struct is read at one message version (see the module).",
+    .tp_new = Program_new,
+    .tp_dealloc = (destructor)Program_dealloc,
+    .tp_traverse = (traverseproc)Program_traverse,
+    .tp_clear = (inquiry)Program_clear,
+    .tp_methods = Program_methods,
+};
+
+static PyMethodDef module_methods[] = {
+    {"decode", (PyCFunction)(void (*)(void))native_decode, METH_FASTCALL,
+     "decode(program, buf: bytes, pos: int, end: int) -> (value, end offset) or None "
+     "when buf[pos:end] does not decode."},
+    {"default", (PyCFunction)native_default, METH_O,
+     "default(program) -> a new instance with every field at its default."},
+    {NULL}
+};
+
+static struct PyModuleDef moduledef = {
+    PyModuleDef_HEAD_INIT, "kinspect.codec._native",
+    "Fast path of kinspect's spec-driven decoder (see kinspect.codec.compiler).", -1,
+    module_methods,
+};
+
+PyMODINIT_FUNC
+PyInit__native(void)
+{
+    if (PyType_Ready(&Program_Type) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&moduledef);
+    if (m == NULL)
+        return NULL;
+    Py_INCREF(&Program_Type);
+    if (PyModule_AddObject(m, "Program", (PyObject *)&Program_Type) < 0) {
+        Py_DECREF(&Program_Type);
+        Py_DECREF(m);
+        return NULL;
+    }
+#define ADD(name, v) if (PyModule_AddIntConstant(m, name, v) < 0) { Py_DECREF(m); return NULL; }
+    ADD("K_FIXED", K_FIXED) ADD("K_PACKED", K_PACKED) ADD("K_UPACKED", K_UPACKED)
+    ADD("K_STRING", K_STRING) ADD("K_BYTES", K_BYTES) ADD("K_ARRAY", K_ARRAY)
+    ADD("K_STRUCT", K_STRUCT) ADD("K_CONST", K_CONST) ADD("K_NEWLIST", K_NEWLIST)
+    ADD("K_NEWSTRUCT", K_NEWSTRUCT)
+    ADD("T_BOOL", T_BOOL_) ADD("T_I8", T_I8) ADD("T_I16", T_I16) ADD("T_U16", T_U16)
+    ADD("T_I32", T_I32) ADD("T_U32", T_U32) ADD("T_I64", T_I64) ADD("T_F64", T_F64)
+    ADD("T_UUID", T_UUID) ADD("T_STR", T_STR) ADD("T_BYTES", T_BYTES_)
+#undef ADD
+    return m;
+}

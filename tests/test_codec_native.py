@@ -1,0 +1,359 @@
+"""The C fast path of the decoder (kinspect/codec/_native.c) against the generated
+Python decoder it stands in for.
+
+Contract: on any input, the C decoder either returns exactly what the generated
+Python decoder returns (same classes, field values and their types, unknown tags,
+present-default marks, end offset) or declines (None), and it declines exactly
+where the Python decoder fails. Checked on hypothesis-generated values of every
+message version of Kafka's corpus and kafka-python's set, with unknown tagged
+fields at every level, on mutated bodies of those, and on hand-built edge cases
+(custom defaults, encodings, nullable structs, deep nesting, huge counts).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import sys
+import tracemalloc
+
+import pytest
+from codec_util import corpus_registry, inline
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from strategies import message_values
+
+from kinspect.codec import DecodeError, SpecRegistry, Struct
+from kinspect.codec.native import native_module
+from kinspect.codec.registry import kafka_python_specs
+
+NATIVE = native_module()
+REG = corpus_registry()
+_KP_DIR = kafka_python_specs()
+KP = SpecRegistry.load([str(_KP_DIR)], use_env=False, use_project=False, use_default=False) \
+    if _KP_DIR else None
+
+_CFG = dict(deadline=None, database=None, suppress_health_check=list(HealthCheck))
+_EXAMPLES = int(os.environ.get("KINSPECT_FUZZ_EXAMPLES", "300"))
+
+
+def test_native_extension_is_built():
+    """The C fast path is part of the build; a missing one must not pass silently
+    as 'slow but working'. KINSPECT_NATIVE=0 says running without it is meant."""
+    if os.environ.get("KINSPECT_NATIVE", "").strip() == "0":
+        assert NATIVE is None
+        return
+    assert NATIVE is not None, (
+        "kinspect.codec._native is not built: install with a C compiler and the Python "
+        "headers (`pip install -e .`), or set KINSPECT_NATIVE=0 to test the Python path alone")
+
+
+needs_native = pytest.mark.skipif(NATIVE is None and os.environ.get("KINSPECT_NATIVE") == "0",
+                                  reason="KINSPECT_NATIVE=0: the C fast path is off on purpose")
+
+
+def same_tree(a, b, path: str = "$") -> None:
+    """``a`` and ``b`` are identical decoded trees: same types all the way down
+    (``True`` is not ``1``), same field values, unknown tags and present marks."""
+    assert type(a) is type(b), f"{path}: {type(a).__name__} != {type(b).__name__}"
+    if isinstance(a, Struct):
+        for name in a._fields:
+            same_tree(getattr(a, name), getattr(b, name), f"{path}.{name}")
+        assert a._unknown == b._unknown, f"{path}: unknown tags {a._unknown!r} != {b._unknown!r}"
+        assert getattr(a, "_present", None) == getattr(b, "_present", None), f"{path}: present"
+    elif isinstance(a, list):
+        assert len(a) == len(b), f"{path}: {len(a)} != {len(b)} elements"
+        for i, (x, y) in enumerate(zip(a, b)):
+            same_tree(x, y, f"{path}[{i}]")
+    elif isinstance(a, float) and a != a:
+        assert b != b, f"{path}: NaN != {b!r}"
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def both(codec, buf: bytes, version: int, pos: int = 0, end: int | None = None):
+    """(native result, Python result): each ``(value, end)`` or ``None`` if it failed."""
+    end = len(buf) if end is None else end
+    cv = codec.compiled(version)
+    assert cv.native is not None
+    try:
+        nat = NATIVE.decode(cv.native, buf, pos, end)
+    except Exception:  # noqa: BLE001 - raised by a Python tag-section function: declined
+        nat = None
+    try:
+        py = cv.decode(buf, pos, end)
+    except Exception:  # noqa: BLE001 - any failure of the generated decoder
+        py = None
+    if py is not None and py[1] > end:  # read past `end` (caught by MessageCodec.decode)
+        py = None
+    return nat, py
+
+
+def agree(codec, buf: bytes, version: int, pos: int = 0, end: int | None = None) -> bool:
+    nat, py = both(codec, buf, version, pos, end)
+    assert (nat is None) == (py is None), (
+        f"{codec.api} v{version}: native {'declined' if nat is None else 'accepted'}, "
+        f"Python {'failed' if py is None else 'decoded'}: {buf[pos:end].hex()}")
+    if nat is not None:
+        assert nat[1] == py[1], f"end {nat[1]} != {py[1]}"
+        same_tree(nat[0], py[0])
+    return nat is not None
+
+
+def _pairs(reg: SpecRegistry | None, tag: str) -> list:
+    if reg is None:
+        return []
+    return [pytest.param(reg, name, v, id=f"{tag}-{name}-v{v}")
+            for name in sorted(reg.messages)
+            for v in range(reg.messages[name].valid_versions.lowest,
+                           reg.messages[name].valid_versions.highest + 1)]
+
+
+PAIRS = _pairs(REG, "kafka") + _pairs(KP, "kafka-python")
+
+
+def _values_test(reg, name: str, version: int, n: int) -> None:
+    codec = reg.codec(name)
+
+    @settings(max_examples=n, **_CFG)
+    @given(message_values(codec.spec, version), st.randoms(use_true_random=False))
+    def check(value, rnd):
+        raw = codec.encode(value, version)
+        assert agree(codec, raw, version)
+        # the same bytes inside a larger buffer: offsets are relative to it, and
+        # nothing after `end` is read
+        pre = bytes(rnd.randrange(256) for _ in range(rnd.randrange(4)))
+        post = bytes(rnd.randrange(256) for _ in range(rnd.randrange(4)))
+        big = pre + raw + post
+        nat, _ = both(codec, big, version, len(pre), len(pre) + len(raw))
+        assert nat is not None and nat[1] == len(pre) + len(raw)
+        same_tree(nat[0], codec.compiled(version).decode(raw, 0, len(raw))[0])
+        # every truncation is declined, as the Python decoder fails on it
+        for cut in sorted({0, len(raw) // 2, len(raw) - 1} - {len(raw)}):
+            if cut >= 0:
+                agree(codec, raw[:cut], version)
+
+    check()
+
+
+@needs_native
+@pytest.mark.parametrize("reg,name,version", PAIRS)
+def test_generated_values_decode_identically(reg, name, version):
+    _values_test(reg, name, version, 3)
+
+
+@pytest.mark.slow
+@needs_native
+@pytest.mark.parametrize("reg,name,version", PAIRS)
+def test_generated_values_decode_identically_long(reg, name, version):
+    _values_test(reg, name, version, 40)
+
+
+@st.composite
+def mutated_bodies(draw):
+    reg = draw(st.sampled_from([r for r in (REG, KP) if r is not None]))
+    name = draw(st.sampled_from(sorted(reg.messages)))
+    spec = reg.messages[name]
+    version = draw(st.integers(spec.valid_versions.lowest, spec.valid_versions.highest))
+    raw = bytearray(reg.codec(name).encode(draw(message_values(spec, version)), version))
+    rnd = random.Random(draw(st.integers(0, 2**32 - 1)))
+    for _ in range(rnd.randint(1, 4)):
+        if not raw:
+            break
+        i = rnd.randrange(len(raw))
+        op = rnd.choice(["flip", "set", "insert", "delete", "truncate", "huge", "varint"])
+        if op == "flip":
+            raw[i] ^= 1 << rnd.randrange(8)
+        elif op == "set":
+            raw[i] = rnd.randrange(256)
+        elif op == "insert":
+            raw[i:i] = bytes(rnd.randrange(256) for _ in range(rnd.randint(1, 4)))
+        elif op == "delete":
+            del raw[i:i + rnd.randint(1, 8)]
+        elif op == "truncate":
+            del raw[i:]
+        elif op == "huge":
+            raw[i:i + 4] = rnd.choice([b"\x7f\xff\xff\xff", b"\xff\xff\xff\xfe",
+                                       b"\x80\x00\x00\x00", b"\x00\x00\xff\xff"])
+        else:
+            raw[i:i + 1] = rnd.choice([b"\xff\xff\xff\xff\x0f", b"\x80" * 6,
+                                       b"\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"])
+    return reg.codec(name), bytes(raw), version
+
+
+@needs_native
+@settings(max_examples=_EXAMPLES, **_CFG)
+@given(mutated_bodies())
+def test_mutated_bodies_accepted_or_declined_alike(case):
+    agree(*case)
+
+
+@pytest.mark.slow
+@needs_native
+@settings(max_examples=20000, **_CFG)
+@given(mutated_bodies())
+def test_mutated_bodies_accepted_or_declined_alike_long(case):
+    agree(*case)
+
+
+# -- hand-built edge cases ---------------------------------------------------------
+
+EDGE = {
+    "apiKey": 900, "type": "response", "name": "EdgeResponse", "validVersions": "0-2",
+    "flexibleVersions": "1+",
+    "fields": [
+        {"name": "B", "type": "bool", "versions": "0+"},
+        {"name": "I8", "type": "int8", "versions": "0+", "default": "-3"},
+        {"name": "U16", "type": "uint16", "versions": "0+"},
+        {"name": "U32", "type": "uint32", "versions": "0+"},
+        {"name": "I64", "type": "int64", "versions": "0+", "default": "0x7f"},
+        {"name": "F", "type": "float64", "versions": "0+", "default": "1.5"},
+        {"name": "Id", "type": "uuid", "versions": "0+"},
+        {"name": "P16", "type": "int16", "versions": "0+", "encoding": "packed16"},
+        {"name": "P64", "type": "int64", "versions": "0+", "encoding": "packed64"},
+        {"name": "U32v", "type": "int32", "versions": "0+", "encoding": {"0": "fixed32", "1+": "upacked32"}},
+        {"name": "S", "type": "string", "versions": "0+", "nullableVersions": "0+"},
+        {"name": "Old", "type": "string", "versions": "0", "flexibleVersions": "none",
+         "default": "gone"},
+        {"name": "NoFlex", "type": "string", "versions": "0+", "flexibleVersions": "none"},
+        {"name": "Bs", "type": "bytes", "versions": "0+", "nullableVersions": "1+"},
+        {"name": "Ids", "type": "[]uuid", "versions": "0+"},
+        {"name": "Strs", "type": "[]string", "versions": "0+", "nullableVersions": "2+"},
+        {"name": "Bools", "type": "[]bool", "versions": "0+"},
+        {"name": "Ns", "type": "Inner", "versions": "2+", "nullableVersions": "2+",
+         "fields": [{"name": "X", "type": "int32", "versions": "0+", "default": "5"},
+                    {"name": "Y", "type": "[]int64", "versions": "0+"}]},
+        {"name": "Absent", "type": "Inner2", "versions": "5+",
+         "fields": [{"name": "Z", "type": "string", "versions": "0+", "default": "z"},
+                    {"name": "W", "type": "[]int8", "versions": "0+", "default": "null",
+                     "nullableVersions": "0+"}]},
+        {"name": "Tagged", "type": "Inner3", "versions": "1+", "taggedVersions": "1+", "tag": 0,
+         "fields": [{"name": "Q", "type": "int16", "versions": "0+", "default": "-1"}]},
+        {"name": "TagInt", "type": "int32", "versions": "1+", "taggedVersions": "1+", "tag": 1,
+         "default": "017"},
+    ],
+}
+
+
+@needs_native
+@pytest.mark.parametrize("version", [0, 1, 2])
+def test_every_field_kind_decodes_identically(version):
+    codec = inline(EDGE)
+    cls = codec.cls
+    st_ = codec.spec.struct
+    inner = st_.field("Ns").struct.cls
+    tagged = st_.field("Tagged").struct.cls
+    value = cls(B=True, I8=-128, U16=65535, U32=2**32 - 1, I64=-2**63, F=float("-inf"),
+                Id=bytes(range(16)), P16=-32768, P64=2**63 - 1, U32v=2**31 - 1, S="ünï",
+                NoFlex="x" * 200, Bs=b"\x00" * 300, Ids=[bytes(16), b"\xff" * 16],
+                Strs=["a", "", "é" * 70], Bools=[True, False, True],
+                Ns=inner(X=-1, Y=[1, -2**63]) if version >= 2 else inner(),
+                Tagged=tagged(Q=7) if version else tagged(), TagInt=99 if version else 15)
+    raw = codec.encode(value, version)
+    assert agree(codec, raw, version)
+    got = codec.decode(raw, version)
+    assert got == value
+    assert got.Old == "gone" and got.Absent.Z == "z" and got.Absent.W is None
+    assert got.TagInt == (99 if version else 0o17)  # "017": Java-style octal default
+    if version >= 2:  # KIP-893: a null nullable struct
+        value.Ns = None
+        raw = codec.encode(value, version)
+        assert agree(codec, raw, version) and codec.decode(raw, version).Ns is None
+    # defaults are fresh objects per decode, never shared between values
+    a, b = codec.decode(raw, version), codec.decode(raw, version)
+    assert a.Absent is not b.Absent
+    a.Absent.Z = "changed"
+    assert b.Absent.Z == "z"
+
+
+@needs_native
+def test_present_default_tags_are_marked_like_the_python_decoder():
+    """A tagged field sent with its default value is remembered as present, so it is
+    re-encoded (lossless); the C path hands tag sections to the generated function."""
+    codec = inline(EDGE)
+    value = codec.cls(TagInt=15)
+    value._present = frozenset({1})
+    raw = codec.encode(value, 1)
+    assert agree(codec, raw, 1)
+    back = codec.decode(raw, 1)
+    assert back._present == frozenset({1}) and codec.encode(back, 1) == raw
+
+
+@needs_native
+def test_huge_counts_are_declined_before_allocating():
+    codec = REG.codec("MetadataResponse")
+    for version in (1, 12):
+        # Brokers count claims 2**31-1 / 2**32-2 elements in a tiny buffer
+        body = (struct.pack(">i", 0) if version >= 3 else b"") + (
+            b"\xff\xff\xff\xff\x0f" if version >= 9 else b"\x7f\xff\xff\xff") + b"\x00" * 8
+        tracemalloc.start()
+        try:
+            nat, py = both(codec, body, version)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert nat is None and py is None
+        assert peak < 1 << 20, peak
+        with pytest.raises(DecodeError):
+            codec.decode(body, version)
+
+
+@needs_native
+def test_bad_utf8_and_bad_markers_are_declined_and_reported_precisely():
+    codec = inline(EDGE)
+    raw = bytearray(codec.encode(codec.cls(S="abc"), 0))
+    i = raw.index(b"abc")
+    raw[i] = 0xff
+    assert not agree(codec, bytes(raw), 0)
+    with pytest.raises(DecodeError) as e:
+        codec.decode(bytes(raw), 0)
+    assert e.value.path and e.value.path.endswith("S") and e.value.offset is not None
+
+
+@needs_native
+def test_deep_nesting_is_declined_not_a_crash():
+    """A custom spec nested 70 structs deep: the C path stops at its depth limit (64) and
+    leaves the value to the Python decoder."""
+    fields: list = [{"name": "V", "type": "int8", "versions": "0+"}]
+    for i in range(70):
+        fields = [{"name": f"S{i}", "type": f"Level{i}", "versions": "0+", "fields": fields}]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)  # json5's parser recurses per nesting level
+    try:
+        codec = inline({"type": "data", "name": "Deep", "validVersions": "0",
+                        "flexibleVersions": "none", "fields": fields})
+    finally:
+        sys.setrecursionlimit(limit)
+    raw = codec.encode(codec.cls(), 0)
+    assert raw == b"\x00"
+    cv = codec.compiled(0)
+    assert NATIVE.decode(cv.native, raw, 0, len(raw)) is None
+    assert codec.decode(raw, 0) == codec.cls()
+
+
+@needs_native
+def test_programs_reject_bad_set_up():
+    """Programs are built by the compiler; anything else is refused, not trusted."""
+    codec = inline(EDGE)
+    cls = codec.cls
+    with pytest.raises(AttributeError):
+        NATIVE.Program(int)  # no _unknown slot
+    pg = NATIVE.Program(cls)
+    with pytest.raises(ValueError):
+        NATIVE.decode(pg, b"", 0, 0)  # not set up
+    with pytest.raises(AttributeError):
+        pg.setup([(NATIVE.K_FIXED, "Nope", NATIVE.T_I8, 0, 0, 0, None, None)], [], False, None)
+    with pytest.raises(ValueError):
+        pg.setup([(NATIVE.K_FIXED, "B", 99, 0, 0, 0, None, None)], [], False, None)
+    with pytest.raises(ValueError):  # reading ops are not defaults
+        pg.setup([], [(NATIVE.K_FIXED, "B", NATIVE.T_I8, 0, 0, 0, None, None)], False, None)
+    with pytest.raises(TypeError):
+        pg.setup([], [], True, None)  # flexible without a tag-section function
+    pg.setup([(NATIVE.K_FIXED, "B", NATIVE.T_BOOL, 0, 0, 0, None, None)], [], False, None)
+    with pytest.raises(ValueError):
+        pg.setup([], [], False, None)  # once
+    v, end = NATIVE.decode(pg, b"\x02", 0, 1)
+    assert v.B is True and end == 1 and v.unknown_tags == {}
+    assert NATIVE.decode(pg, b"\x02", 1, 1) is None
+    assert NATIVE.decode(pg, b"\x02", 0, 5) is None  # end past the buffer
