@@ -4,10 +4,15 @@
 as :class:`~kinspect.capture.CaptureWriter`, but the costly part of a capture (base64
 of every frame, JSON, redaction, the file writes) runs in a child process running a
 ``CaptureWriter``, on another core. The proxy's side only hands each frame on: a
-small header plus the frame bytes, written to a non-blocking pipe once per event
-loop iteration (``os.writev`` of everything handed on meanwhile, up to IOV_MAX
-pieces per call; when the pipe is full the rest waits for it to drain, watched by
-the event loop).
+small header plus the frame bytes, written to a non-blocking pipe in batches:
+once :data:`BATCH_BYTES` are waiting (at the next event-loop iteration), else
+:data:`BATCH_DELAY` seconds after the first frame of the batch (``os.writev`` of
+everything handed on meanwhile, up to IOV_MAX pieces per call; when the pipe is
+full the rest waits for it to drain, watched by the event loop). Each write wakes
+the child: once per request/response turnaround that costs the proxy more than
+the rest of the hand-off (measured in BENCHMARKS.md, Proxy), so small frames are
+handed on a few dozen times per second rather than at every turnaround. The child
+buffers lines for up to a second before writing the file anyway.
 
 Messages on the pipe: ``>II`` (header length, payload length), the header (a
 :mod:`marshal` tuple: parent and child run the same interpreter), the payload (the
@@ -23,7 +28,8 @@ Guarantees:
   there (one logged error) and the proxy goes on.
 * Whole lines: the child flushes whole lines only, and on end of input (the proxy
   closed the pipe, or exited, even by SIGKILL) it writes everything it received and
-  closes the file; frames still queued in a killed proxy are lost. The child runs
+  closes the file; frames still queued in a killed proxy (at most the last
+  ``BATCH_DELAY`` seconds' or ``BATCH_BYTES``) are lost. The child runs
   in its own session, so a Ctrl-C meant for the proxy does not cut it short.
 """
 
@@ -54,6 +60,10 @@ _HDR = struct.Struct(">II")
 _marshal_dumps = marshal.dumps
 _START_TIMEOUT = 60.0
 _STOP_TIMEOUT = 120.0
+#: bytes handed on after which they are written to the pipe at the next loop iteration
+BATCH_BYTES = 256 << 10
+#: seconds after which frames handed on are written to the pipe, however few
+BATCH_DELAY = 0.05
 
 
 class CaptureProcess(CaptureHooks):
@@ -127,6 +137,7 @@ class CaptureProcess(CaptureHooks):
         self._out: list = []
         self._loop: Any = None
         self._scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
         self._watching = False
         self._broken = False
 
@@ -142,14 +153,21 @@ class CaptureProcess(CaptureHooks):
         self.backlog_bytes += 8 + len(h) + n
         if not self._scheduled and not self._watching:
             try:
-                loop = asyncio.get_running_loop()
+                loop = self._loop = asyncio.get_running_loop()
             except RuntimeError:  # no event loop: write now, waiting if need be
                 self._write_blocking()
                 return True
-            self._scheduled = True
-            self._loop = loop
-            loop.call_soon(self._write)
+            if self.backlog_bytes >= BATCH_BYTES:
+                self._scheduled = True
+                loop.call_soon(self._write)
+            elif self._timer is None:
+                self._timer = loop.call_later(BATCH_DELAY, self._on_timer)
         return True
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        if not self._scheduled and not self._watching:
+            self._write()
 
     def _write(self) -> None:
         """(On the event loop) write what the pipe takes now; watch it for the rest."""
@@ -233,6 +251,9 @@ class CaptureProcess(CaptureHooks):
             await asyncio.get_running_loop().run_in_executor(None, self._finish)
 
     def _unwatch(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self._watching:
             self._watching = False
             self._loop.remove_writer(self._fd)

@@ -96,26 +96,39 @@ def top_level_error_code(body: Any) -> int | None:
     """
     if body is None:
         return None
-    code = body.get("ErrorCode")
-    if code is not None:
-        return code
+    has_code, arrays = _error_code_plan(type(body))
+    if has_code:
+        return body.ErrorCode
     found = None
-    stack = [body]
+    level = [body]
     depth = 0
-    while stack and depth < 3:
+    while level and depth < 3:  # breadth first: the first non-zero code nearest the top
         nxt = []
-        for s in stack:
-            for name in s.keys():
-                v = getattr(s, name)
-                if isinstance(v, list):
-                    for x in v:
-                        if hasattr(x, "_fields"):
-                            c = x.get("ErrorCode")
+        for s in level:
+            for name in _error_code_plan(type(s))[1]:
+                items = getattr(s, name)
+                if items:
+                    for x in items:
+                        if _error_code_plan(type(x))[0]:
+                            c = x.ErrorCode
                             if c:
                                 return c
-                            if c is not None:
-                                found = 0
-                            nxt.append(x)
-        stack = nxt
+                            found = 0
+                        nxt.append(x)
+        level = nxt
         depth += 1
     return found
+
+
+_EC_PLANS: dict[type, tuple[bool, tuple[str, ...]]] = {}
+
+
+def _error_code_plan(cls: type) -> tuple[bool, tuple[str, ...]]:
+    """(has an ``ErrorCode`` field, names of its arrays of structs) of a value class."""
+    plan = _EC_PLANS.get(cls)
+    if plan is None:
+        spec = getattr(cls, "_spec", None)
+        arrays = tuple(f.name for f in spec.fields if f.is_array and f.struct is not None) \
+            if spec is not None else ()
+        plan = _EC_PLANS[cls] = ("ErrorCode" in getattr(cls, "_fields", ()), arrays)
+    return plan

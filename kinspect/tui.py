@@ -2,13 +2,17 @@
 
 Both are pipeline addons (:mod:`kinspect.proxy.pipeline`): they receive each flow
 once it is complete and decoded. The live view redraws at ``refresh_per_second``
-whatever the traffic. It keeps rendered rows, not flows, so frames are not held
-in memory by the view.
+whatever the traffic, and renders rows lazily: a flow waits as it is until a redraw
+shows it, so under heavy traffic only the flows that reach the screen cost a row
+(a few dozen per redraw instead of one per flow). The flows waiting are bounded
+(the newest ``keep``, and at most :data:`PENDING_BYTES` of frames; past that the
+oldest are rendered at once), so the view never holds many frames in memory.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections import deque
 from typing import Any, TextIO
@@ -21,6 +25,9 @@ from .filters import Filter, TopicIds
 from .flows import Flow
 from .show import COLUMNS, flow_row
 
+#: bytes of frames (requests and responses) of flows waiting to be rendered, past
+#: which the oldest are rendered at once (and their frames let go)
+PENDING_BYTES = 16 << 20
 
 
 def human_bytes(n: float | None) -> str:
@@ -84,8 +91,13 @@ class LiveView:
                  title: str = "kinspect"):
         self.proxy = proxy
         self.console = console or Console()
-        #: (rendered row, style) of the newest flows
-        self.rows: deque[tuple[dict[str, str], str | None]] = deque(maxlen=keep)
+        self.keep = keep
+        # (rendered row, style) of the newest flows, oldest first; and the flows
+        # after them that no redraw has shown yet (rendered on demand)
+        self._rows: deque[tuple[dict[str, str], str | None]] = deque(maxlen=keep)
+        self._pending: deque[Flow] = deque()
+        self._pending_bytes = 0
+        self._lock = threading.Lock()  # redraws run on rich's refresh thread
         self.topic_ids = TopicIds()
         self.match = match
         self.title = title
@@ -105,7 +117,46 @@ class LiveView:
         self._bytes.add(now, len(flow.request) + len(flow.response or b""))
         self.topic_ids.learn(flow)
         if self.match is None or self.match.matches(flow, topic_ids=self.topic_ids):
-            self.rows.append((flow_row(flow, self.topic_ids, quick=True), _style(flow)))
+            size = len(flow.request) + len(flow.response or b"")
+            with self._lock:
+                pending = self._pending
+                pending.append(flow)
+                self._pending_bytes += size
+                if len(pending) > self.keep:  # older than `keep` newer flows: never shown
+                    old = pending.popleft()
+                    self._pending_bytes -= len(old.request) + len(old.response or b"")
+            if self._pending_bytes > PENDING_BYTES:
+                self._render(None, budget=True)
+
+    @property
+    def rows(self) -> deque[tuple[dict[str, str], str | None]]:
+        """``(row, style)`` of the newest ``keep`` matching flows, oldest first (every
+        waiting flow is rendered first)."""
+        self._render(None)
+        return self._rows
+
+    def _render(self, newest: int | None, budget: bool = False) -> None:
+        """Render waiting flows into rows: all of them, or only the ``newest`` (older
+        waiting flows are let go: ``newest`` newer rows come after them), or with
+        ``budget`` the oldest until the waiting frames fit :data:`PENDING_BYTES`."""
+        # under the lock, so that rows keep the flows' order whichever thread renders
+        # (the event loop's, or rich's refresh thread for a redraw)
+        with self._lock:
+            pending = self._pending
+            if budget:
+                take = []
+                while pending and self._pending_bytes > PENDING_BYTES:
+                    f = pending.popleft()
+                    self._pending_bytes -= len(f.request) + len(f.response or b"")
+                    take.append(f)
+            else:
+                take = list(pending)
+                if newest is not None:
+                    take = take[-newest:] if newest > 0 else []
+                pending.clear()
+                self._pending_bytes = 0
+            topic_ids = self.topic_ids
+            self._rows.extend((flow_row(f, topic_ids, quick=True), _style(f)) for f in take)
 
     def close(self) -> None:
         self._live.stop()
@@ -140,7 +191,8 @@ class LiveView:
         One :class:`~rich.text.Text` rather than a rich ``Table``: a Table of a few
         dozen rows costs tens of milliseconds per redraw, on a thread that holds the
         GIL the forwarding loop needs (measured in bench/proxy.py)."""
-        shown = list(self.rows)[-rows:] if rows > 0 else []
+        self._render(rows)
+        shown = list(self._rows)[-rows:] if rows > 0 else []
         heads = [h for _, h, _ in COLUMNS]
         cells = [[row[k] or "" for k, _, _ in COLUMNS] for row, _ in shown]
         widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]

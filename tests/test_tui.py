@@ -42,3 +42,62 @@ async def test_live_view_and_line_printer_show_real_flows(tansu, unique):
     for line, flow in zip(printed, expected):
         assert f"#{flow.id} conn={flow.conn}" in line and f"{flow.api_name} v" in line
     assert any("records=" in line for line in printed if " Produce v" in line)
+
+
+def _flows(n: int, value_size: int = 10):
+    """``n`` complete, decoded ApiVersions/Produce flows (frames built with the codec,
+    paired by the proxy's tracker)."""
+    import itertools
+
+    from kinspect.proxy.pipeline import decode_flow
+    from kinspect.proxy.tracker import FlowTracker
+    from proxyutil import codec, request_bytes
+    from test_tracker import response_bytes
+
+    c = codec()
+    ids = itertools.count(1)
+    t = FlowTracker(c, 1, "127.0.0.1:1", "127.0.0.1:2", lambda: next(ids))
+    out = []
+    for i in range(n):
+        t.request(request_bytes(18, 3, i, ClientSoftwareName="x" * value_size,
+                                ClientSoftwareVersion="1"), i)
+        flow = t.response(response_bytes(18, 3, i), i + 1)
+        decode_flow(c, flow)
+        out.append(flow)
+    return out
+
+
+def test_live_view_renders_only_what_a_redraw_shows():
+    """Under heavy traffic the view renders rows lazily: a redraw renders the newest
+    rows that fit on screen; the flows waiting stay bounded by `keep`."""
+    console = Console(file=io.StringIO(), width=200, height=14, force_terminal=False)
+    view = LiveView(object(), console=console, keep=50)
+    flows = _flows(300)
+    for f in flows:
+        view.on_flow(f)
+        assert len(view._pending) <= 50
+    assert not view._rows  # nothing rendered before a redraw
+    text = view.table(10).plain
+    assert len(view._rows) == 10 and not view._pending
+    assert [r["id"] for r, _ in view._rows] == [str(f.id) for f in flows[-10:]]
+    assert f" {flows[-1].id} " in f" {text} ".replace("\n", " ")
+    # later flows come after the ones shown; `rows` renders whatever still waits
+    for f in flows[:5]:
+        view.on_flow(f)
+    assert [r["id"] for r, _ in view.rows][-15:] == [str(f.id) for f in flows[-10:] + flows[:5]]
+
+
+def test_live_view_renders_early_when_waiting_frames_pass_the_budget(monkeypatch):
+    import kinspect.tui as tui
+
+    monkeypatch.setattr(tui, "PENDING_BYTES", 4096)
+    console = Console(file=io.StringIO(), width=200, height=14, force_terminal=False)
+    view = LiveView(object(), console=console, keep=500)
+    flows = _flows(40, value_size=300)
+    for f in flows:
+        view.on_flow(f)
+        assert view._pending_bytes <= 4096
+    size = len(flows[0].request) + len(flows[0].response)
+    assert len(view._pending) == 4096 // size
+    # the oldest were rendered, in order, and nothing was lost
+    assert [r["id"] for r, _ in view.rows] == [str(f.id) for f in flows]

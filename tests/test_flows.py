@@ -1,0 +1,70 @@
+"""Flow helpers: the error code shown for a response."""
+
+from __future__ import annotations
+
+import pytest
+from codec_util import corpus_registry
+from hypothesis import HealthCheck, given, settings
+from strategies import message_values
+
+from kinspect.flows import top_level_error_code
+
+REG = corpus_registry()
+
+
+def _reference(body):
+    """The rule, walked generically over values: the top-level ErrorCode, else the
+    first non-zero one in breadth-first order down to three levels of arrays of
+    structs, else 0 when such fields exist, else None."""
+    if body is None:
+        return None
+    if "ErrorCode" in body.keys():
+        return body.ErrorCode
+    found, level = None, [body]
+    for _ in range(3):
+        nxt = []
+        for s in level:
+            for name in s.keys():
+                v = getattr(s, name)
+                if isinstance(v, list):
+                    for x in v:
+                        if hasattr(x, "_fields"):
+                            if "ErrorCode" in x.keys():
+                                if x.ErrorCode:
+                                    return x.ErrorCode
+                                found = 0
+                            nxt.append(x)
+        level = nxt
+    return found
+
+
+RESPONSES = sorted(n for n, s in REG.messages.items() if s.type == "response")
+
+
+@pytest.mark.parametrize("name", RESPONSES)
+def test_error_code_of_every_response_follows_the_rule(name):
+    spec = REG.messages[name]
+
+    @settings(max_examples=5, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(message_values(spec, spec.valid_versions.highest))
+    def check(body):
+        assert top_level_error_code(body) == _reference(body)
+
+    check()
+
+
+def test_error_code_examples():
+    produce = REG.codec("ProduceResponse")
+    T = produce.spec.struct.field("Responses").struct
+    P = T.field("PartitionResponses").struct
+    body = produce.cls(Responses=[T.cls(Name="a", PartitionResponses=[P.cls(ErrorCode=0)]),
+                                  T.cls(Name="b", PartitionResponses=[P.cls(ErrorCode=0),
+                                                                      P.cls(ErrorCode=6)])])
+    assert top_level_error_code(body) == 6
+    body.Responses[1].PartitionResponses[1].ErrorCode = 0
+    assert top_level_error_code(body) == 0
+    body.Responses = []
+    assert top_level_error_code(body) is None
+    assert top_level_error_code(REG.codec("ApiVersionsResponse").cls(ErrorCode=35)) == 35
+    assert top_level_error_code(None) is None
