@@ -12,6 +12,7 @@ fields at every level, on mutated bodies of those, and on hand-built edge cases
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import struct
@@ -287,6 +288,7 @@ def test_huge_counts_are_declined_before_allocating():
         # Brokers count claims 2**31-1 / 2**32-2 elements in a tiny buffer
         body = (struct.pack(">i", 0) if version >= 3 else b"") + (
             b"\xff\xff\xff\xff\x0f" if version >= 9 else b"\x7f\xff\xff\xff") + b"\x00" * 8
+        codec.compiled(version)  # compiled before measuring
         tracemalloc.start()
         try:
             nat, py = both(codec, body, version)
@@ -297,6 +299,26 @@ def test_huge_counts_are_declined_before_allocating():
         assert peak < 1 << 20, peak
         with pytest.raises(DecodeError):
             codec.decode(body, version)
+
+
+@needs_native
+def test_counts_the_bytes_do_not_back_allocate_nothing():
+    """A 8 MiB frame whose broker array claims 8 million elements: the first element
+    is invalid, and the list is grown as elements are read, so nothing near
+    8 M pointers is allocated before the decoder gives up."""
+    codec = REG.codec("MetadataResponse")
+    size = 8 << 20
+    body = struct.pack(">i", 0) + b"\xf0\xff\xff\x03"  # ThrottleTimeMs, count ~8.4 M
+    body += b"\x00" * (size - len(body))  # broker 0: NodeId 0, Host null (not nullable)
+    codec.compiled(12)  # compiled before measuring
+    tracemalloc.start()
+    try:
+        nat, py = both(codec, body, 12)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert nat is None and py is None
+    assert peak < 1 << 20, peak
 
 
 @needs_native
@@ -333,6 +355,29 @@ def test_deep_nesting_is_declined_not_a_crash():
 
 
 @needs_native
+def test_deep_default_structs_are_declined_not_a_recursion_error():
+    """The same nesting as a default (the outer struct absent in v0): the C path
+    declines, the Python decoder builds it."""
+    fields: list = [{"name": "V", "type": "int8", "versions": "0+"}]
+    for i in range(70):
+        fields = [{"name": f"S{i}", "type": f"Level{i}", "versions": "1+" if i == 69 else "0+",
+                   "fields": fields}]
+    fields.append({"name": "X", "type": "int8", "versions": "0+"})
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(20000)
+    try:
+        codec = inline({"type": "data", "name": "DeepDefault", "validVersions": "0-1",
+                        "flexibleVersions": "none", "fields": fields})
+    finally:
+        sys.setrecursionlimit(limit)
+    cv = codec.compiled(0)
+    assert NATIVE.decode(cv.native, b"\x05", 0, 1) is None
+    assert codec.decode(b"\x05", 0).X == 5
+    with pytest.raises(RecursionError):
+        NATIVE.default(cv.native)
+
+
+@needs_native
 def test_programs_reject_bad_set_up():
     """Programs are built by the compiler; anything else is refused, not trusted."""
     codec = inline(EDGE)
@@ -357,3 +402,30 @@ def test_programs_reject_bad_set_up():
     assert v.B is True and end == 1 and v.unknown_tags == {}
     assert NATIVE.decode(pg, b"\x02", 1, 1) is None
     assert NATIVE.decode(pg, b"\x02", 0, 5) is None  # end past the buffer
+    # what the ops borrow is held immutably: nothing reachable can pull it away
+    assert not [r for r in gc.get_referents(pg) if isinstance(r, (list, dict))]
+
+
+@needs_native
+def test_no_half_built_list_is_visible_to_python_code():
+    """A tag-section function (Python) runs in the middle of an array; a heap walker
+    there sees only whole lists (a list with missing items would crash it)."""
+    codec = inline(EDGE)
+    inner_cls = codec.spec.struct.field("Ns").struct.cls
+    seen = []
+
+    def walker(o, buf, pos, end, cnt):
+        o._unknown = None
+        for obj in gc.get_objects():
+            if type(obj) is list and obj and type(obj[0]) is inner_cls:
+                seen.append(sum(1 for _ in obj))
+        return pos
+
+    inner = NATIVE.Program(inner_cls)
+    inner.setup([(NATIVE.K_FIXED, "X", NATIVE.T_I8, 0, 0, 0, None, None)], [], True, walker)
+    outer = NATIVE.Program(codec.cls)
+    outer.setup([(NATIVE.K_ARRAY, "Ids", 0, 1, 0, 0, None, inner)], [], True, lambda *a: a[2])
+    # 50 elements: X, then a tag count of 1 (the walker consumes nothing)
+    buf = bytes([51]) + bytes([7, 1]) * 50 + bytes([0])
+    value, end = NATIVE.decode(outer, buf, 0, len(buf))
+    assert end == len(buf) and len(value.Ids) == 50 and seen

@@ -76,7 +76,8 @@ struct Program {
     Py_ssize_t nops, ndefs;
     Op *ops;                /* decode */
     Op *defs;               /* build an instance with every field at its default */
-    PyObject *keep;         /* references held for the ops (constants, sub programs) */
+    PyObject *keep;         /* a tuple: the references the ops borrow (constants, sub
+                               programs); immutable, so they live as long as it does */
 };
 
 static PyTypeObject Program_Type;
@@ -265,25 +266,39 @@ rd_array(const Op *op, Ctx *c)
     Py_ssize_t size = op->sub == NULL ? FIXED_SIZE[t] : 0;
     if (size > 0 ? n > left / size : n > left)
         return FAIL;  /* checked before anything is allocated */
-    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (size > 0) {
+        /* every element is in the bytes left: allocate once and fill. Only C code
+         * runs and nothing tracked by the garbage collector is allocated meanwhile,
+         * so the half-filled list is never seen. */
+        PyObject *list = PyList_New((Py_ssize_t)n);
+        if (list == NULL)
+            return NULL;
+        for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
+            PyObject *x = fixed_value(t, c->buf + c->pos);
+            if (x == NULL) {
+                Py_DECREF(list);  /* list_dealloc skips the NULL items */
+                return NULL;
+            }
+            c->pos += size;
+            PyList_SET_ITEM(list, i, x);
+        }
+        return list;
+    }
+    /* structs and strings: grown as elements are read, so a count the bytes do not
+     * back costs nothing, and no list with missing items exists while a tag-section
+     * function (Python) runs or the collector looks */
+    PyObject *list = PyList_New(0);
     if (list == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
-        PyObject *x;
-        if (op->sub != NULL) {
-            x = decode_struct(op->sub, c);
-        } else if (size > 0) {
-            x = fixed_value(t, c->buf + c->pos);
-            c->pos += size;
-        } else {
-            x = rd_strbytes(c, t == T_STR, op->compact, 0);
-        }
-        if (x == NULL) {
-            /* the list's unfilled items are NULL, which list_dealloc skips */
+        PyObject *x = op->sub != NULL ? decode_struct(op->sub, c)
+                                      : rd_strbytes(c, t == T_STR, op->compact, 0);
+        if (x == NULL || PyList_Append(list, x) < 0) {
+            Py_XDECREF(x);
             Py_DECREF(list);
             return NULL;
         }
-        PyList_SET_ITEM(list, i, x);
+        Py_DECREF(x);
     }
     return list;
 }
@@ -317,10 +332,8 @@ default_value(const Op *op, int depth)
 static PyObject *
 default_struct(Program *pg, int depth)
 {
-    if (depth > MAX_DEPTH) {
-        PyErr_SetString(PyExc_RecursionError, "kinspect native: defaults nested too deep");
-        return NULL;
-    }
+    if (depth > MAX_DEPTH || !pg->ready)
+        return FAIL;  /* declined: the Python decoder builds it */
     PyObject *o = pg->cls->tp_alloc(pg->cls, 0);
     if (o == NULL)
         return NULL;
@@ -341,7 +354,7 @@ default_struct(Program *pg, int depth)
 static PyObject *
 decode_struct(Program *pg, Ctx *c)
 {
-    if (c->depth >= MAX_DEPTH)
+    if (c->depth >= MAX_DEPTH || !pg->ready)
         return FAIL;
     c->depth++;
     PyObject *o = pg->cls->tp_alloc(pg->cls, 0);
@@ -494,7 +507,10 @@ native_default(PyObject *self, PyObject *arg)
         PyErr_SetString(PyExc_TypeError, "default(program): a set-up Program");
         return NULL;
     }
-    return default_struct((Program *)arg, 0);
+    PyObject *o = default_struct((Program *)arg, 0);
+    if (o == NULL && !PyErr_Occurred())
+        PyErr_SetString(PyExc_RecursionError, "defaults nested too deep");
+    return o;
 }
 
 /* ---------------------------------------------------------------- Program */
@@ -548,7 +564,8 @@ check_type(int kind, int type, int bits, int has_sub)
 
 /* ops: a list of (kind, slot name, type, compact, nullable, bits, obj, sub program) */
 static int
-load_ops(Program *pg, PyObject *list, Op **out, Py_ssize_t *nout, int allow_reads)
+load_ops(Program *pg, PyObject *list, PyObject *keep, Op **out, Py_ssize_t *nout,
+         int allow_reads)
 {
     if (!PyList_Check(list)) {
         PyErr_SetString(PyExc_TypeError, "ops must be a list");
@@ -582,12 +599,12 @@ load_ops(Program *pg, PyObject *list, Op **out, Py_ssize_t *nout, int allow_read
             goto fail;
         if (op->kind == K_CONST) {
             op->obj = obj;
-            if (PyList_Append(pg->keep, obj))
+            if (PyList_Append(keep, obj))
                 goto fail;
         }
         if (has_sub) {
             op->sub = (Program *)sub;
-            if (PyList_Append(pg->keep, sub))
+            if (PyList_Append(keep, sub))
                 goto fail;
         }
     }
@@ -608,11 +625,6 @@ Program_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     Program *pg = (Program *)type->tp_alloc(type, 0);
     if (pg == NULL)
         return NULL;
-    pg->keep = PyList_New(0);
-    if (pg->keep == NULL) {
-        Py_DECREF(pg);
-        return NULL;
-    }
     Py_INCREF(cls);
     pg->cls = (PyTypeObject *)cls;
     PyObject *u = PyUnicode_FromString("_unknown");
@@ -645,14 +657,29 @@ Program_setup(Program *pg, PyObject *args)
         PyErr_SetString(PyExc_TypeError, "a flexible program needs a tag-section function");
         return NULL;
     }
-    Op *o1 = NULL, *o2 = NULL;
-    Py_ssize_t n1, n2;
-    if (load_ops(pg, ops, &o1, &n1, 1))
-        return NULL;
-    if (load_ops(pg, defs, &o2, &n2, 0)) {
-        PyMem_Free(o1);
+    if (!PyList_Check(ops) || !PyList_Check(defs)) {
+        PyErr_SetString(PyExc_TypeError, "ops and defaults must be lists");
         return NULL;
     }
+    /* work on copies: the lists given cannot change under us while op tuples are
+     * parsed (parsing looks attributes up on the class, which may run Python code) */
+    ops = PyList_GetSlice(ops, 0, PyList_GET_SIZE(ops));
+    defs = PyList_GetSlice(defs, 0, PyList_GET_SIZE(defs));
+    PyObject *keep = PyList_New(0);
+    Op *o1 = NULL, *o2 = NULL;
+    Py_ssize_t n1, n2;
+    if (ops == NULL || defs == NULL || keep == NULL)
+        goto fail;
+    if (load_ops(pg, ops, keep, &o1, &n1, 1))
+        goto fail;
+    if (load_ops(pg, defs, keep, &o2, &n2, 0))
+        goto fail;
+    pg->keep = PyList_AsTuple(keep);
+    if (pg->keep == NULL)
+        goto fail;
+    Py_DECREF(keep);
+    Py_DECREF(ops);
+    Py_DECREF(defs);
     pg->ops = o1;
     pg->nops = n1;
     pg->defs = o2;
@@ -664,6 +691,12 @@ Program_setup(Program *pg, PyObject *args)
     }
     pg->ready = 1;
     Py_RETURN_NONE;
+fail:
+    PyMem_Free(o1);
+    Py_XDECREF(ops);
+    Py_XDECREF(defs);
+    Py_XDECREF(keep);
+    return NULL;
 }
 
 static int
