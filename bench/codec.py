@@ -16,7 +16,9 @@ header): that is what all three libraries decode with one call.
 
 Libraries:
 
-* kinspect: ``MessageCodec.decode(body, version)`` / ``MessageCodec.encode(value, version)``.
+* kinspect: ``MessageCodec.decode(body, version)`` / ``MessageCodec.encode(value, version)``
+  (decoding through the C fast path, kinspect/codec/_native.c); ``kinspect-py``: the
+  same decode on the generated Python decoder alone (as with ``KINSPECT_NATIVE=0``).
 * kafka-python 3: ``Cls.decode(body, version=v)`` / ``obj.encode(version=v)``, its
   exec-compiled per-(struct, version) path (``compiled_decode_from`` /
   ``compiled_encode_into``).
@@ -42,7 +44,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kinspect.codec import default_registry
+from kinspect.codec import MessageCodec, default_registry
 
 
 @dataclass
@@ -160,6 +162,11 @@ def implementations(reg, case: Case, body: bytes) -> dict[str, tuple[Callable, C
     value = mc.decode(body, v)
     assert mc.encode(value, v) == body
     out["kinspect"] = (lambda: mc.decode(body, v), lambda: mc.encode(value, v))
+    # the same codec on its generated Python decoder alone (as with KINSPECT_NATIVE=0)
+    py = MessageCodec(mc.spec)
+    py.compiled(v).native = None
+    assert py.decode(body, v) == value
+    out["kinspect-py"] = (lambda: py.decode(body, v), None)
 
     try:
         kcls = _import(case.kp)
@@ -223,7 +230,8 @@ def run(case: Case, reg, rounds: int, batch_s: float) -> dict:
     body = mc.encode(case.value, case.version)
     impls = implementations(reg, case, body)
     timed = {k: v for k, v in impls.items() if not isinstance(v, str)}
-    ops = [(lib, op, fns[i]) for lib, fns in timed.items() for i, op in enumerate(("decode", "encode"))]
+    ops = [(lib, op, fns[i]) for lib, fns in timed.items() for i, op in enumerate(("decode", "encode"))
+           if fns[i] is not None]
     sizes = {(lib, op): _calibrate(fn, batch_s) for lib, op, fn in ops}
     samples: dict[tuple[str, str], list[float]] = {(lib, op): [] for lib, op, _ in ops}
     for r in range(rounds):
@@ -265,13 +273,13 @@ def _fmt_ms(s: float | None) -> str:
 
 
 def report(results: list[dict], markdown: bool) -> str:
-    libs = ["kinspect", "kafka-python", "kio"]
+    libs = ["kinspect", "kafka-python", "kio", "kinspect-py"]
     lines = []
     if markdown:
         lines.append("| frame | bytes | op | kinspect ms | kafka-python ms | kio ms | "
                      "kafka-python / kinspect | kio / kinspect | kafka-python / kinspect, "
-                     "best rounds |")
-        lines.append("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+                     "best rounds | kinspect, Python decoder alone: ms (kafka-python / it) |")
+        lines.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for res in results:
         for op in ("decode", "encode"):
             t = {lib: res["median"].get((lib, op)) for lib in libs}
@@ -280,15 +288,19 @@ def report(results: list[dict], markdown: bool) -> str:
             ratio = {lib: (f"{t[lib] / ki:.2f}x" if t[lib] and ki else "-") for lib in libs}
             best_kp = (f"{b['kafka-python'] / b['kinspect']:.2f}x"
                        if b["kafka-python"] and b["kinspect"] else "-")
+            kpy = t["kinspect-py"]
+            py_col = (f"{_fmt_ms(kpy)} ({t['kafka-python'] / kpy:.2f}x)"
+                      if kpy and t["kafka-python"] else "-")
             if markdown:
                 lines.append(f"| {res['case']} | {res['bytes']} | {op} | {_fmt_ms(ki)} | "
                              f"{_fmt_ms(t['kafka-python'])} | {_fmt_ms(t['kio'])} | "
-                             f"{ratio['kafka-python']} | {ratio['kio']} | {best_kp} |")
+                             f"{ratio['kafka-python']} | {ratio['kio']} | {best_kp} | {py_col} |")
             else:
                 lines.append(f"{res['case'][:48]:48} {res['bytes']:>7} {op:6} "
                              f"kinspect {_fmt_ms(ki):>8}  kafka-python {_fmt_ms(t['kafka-python']):>8} "
                              f"({ratio['kafka-python']:>6}, best {best_kp:>6})  "
-                             f"kio {_fmt_ms(t['kio']):>8} ({ratio['kio']:>6})")
+                             f"kio {_fmt_ms(t['kio']):>8} ({ratio['kio']:>6})"
+                             + (f"  Python decoder alone {py_col}" if kpy else ""))
         for lib, why in res["skipped"].items():
             lines.append(f"{'' if not markdown else '<!-- '}{res['case']}: {lib} not timed: "
                          f"{why}{'' if not markdown else ' -->'}")

@@ -1,5 +1,5 @@
 """The C fast path of the decoder (kinspect/codec/_native.c) against the generated
-Python decoder it stands in for.
+Python decoder it stands in for, and its scan against the generated Python scanner.
 
 Contract: on any input, the C decoder either returns exactly what the generated
 Python decoder returns (same classes, field values and their types, unknown tags,
@@ -28,6 +28,7 @@ from strategies import message_values
 from kinspect.codec import DecodeError, SpecRegistry, Struct
 from kinspect.codec.native import native_module
 from kinspect.codec.registry import kafka_python_specs
+from kinspect.codec.scan import compile_scanner
 
 NATIVE = native_module()
 REG = corpus_registry()
@@ -91,7 +92,22 @@ def both(codec, buf: bytes, version: int, pos: int = 0, end: int | None = None):
     return nat, py
 
 
+_PY_SCANNERS: dict = {}
+
+
+def python_scan(codec, buf: bytes, version: int, pos: int, end: int):
+    """The generated Python scanner's ``(end, tags)``, or None if it failed."""
+    key = (id(codec), version)
+    if key not in _PY_SCANNERS:
+        _PY_SCANNERS[key] = compile_scanner(codec.spec, version)
+    try:
+        return _PY_SCANNERS[key](buf, pos, end)
+    except Exception:  # noqa: BLE001 - any failure of the generated scanner
+        return None
+
+
 def agree(codec, buf: bytes, version: int, pos: int = 0, end: int | None = None) -> bool:
+    end = len(buf) if end is None else end
     nat, py = both(codec, buf, version, pos, end)
     assert (nat is None) == (py is None), (
         f"{codec.api} v{version}: native {'declined' if nat is None else 'accepted'}, "
@@ -99,6 +115,14 @@ def agree(codec, buf: bytes, version: int, pos: int = 0, end: int | None = None)
     if nat is not None:
         assert nat[1] == py[1], f"end {nat[1]} != {py[1]}"
         same_tree(nat[0], py[0])
+    # the C scan walks whatever decodes, to the same end, and finds the tags the
+    # Python scanner finds
+    sc = NATIVE.scan(codec.compiled(version).native, buf, pos, end)
+    if nat is not None:
+        assert sc is not None and sc[0] == nat[1], (sc, nat[1])
+    pys = python_scan(codec, buf, version, pos, end)
+    if nat is not None:
+        assert pys is not None and pys[0] == sc[0] and sorted(pys[1]) == sorted(sc[1])
     return nat is not None
 
 

@@ -454,6 +454,158 @@ error:
     return NULL;
 }
 
+/* ---------------------------------------------------------------- scanning */
+
+/* Advance over a string or bytes field without building it (UTF-8 not checked). */
+static inline int
+skip_strbytes(Ctx *c, int is_str, int compact, int nullable)
+{
+    int64_t n;
+    if (rd_len(c, compact, !is_str, &n))
+        return -1;
+    if (n < 0)
+        return nullable && n == -1 ? 0 : -1;
+    if (n > c->end - c->pos)
+        return -1;
+    c->pos += (Py_ssize_t)n;
+    return 0;
+}
+
+/* Advance over one struct as pg reads it, building nothing; with `tags`, append the
+ * tag numbers of its tag section. Checks at least what decode_struct checks, except
+ * the contents of strings (UTF-8) and of tagged fields, so whatever decodes scans to
+ * the same end. Returns 0, or -1 (an exception set only for a failed allocation). */
+static int
+skip_struct(Program *pg, Ctx *c, PyObject *tags)
+{
+    if (c->depth >= MAX_DEPTH || !pg->ready)
+        return -1;
+    c->depth++;
+    const Op *op = pg->ops;
+    const Op *stop = op + pg->nops;
+    for (; op < stop; op++) {
+        switch (op->kind) {
+        case K_FIXED:
+            if (c->end - c->pos < FIXED_SIZE[op->type])
+                goto fail;
+            c->pos += FIXED_SIZE[op->type];
+            break;
+        case K_PACKED:
+        case K_UPACKED: {
+            PyObject *v = rd_varint(c, op->kind, op->bits);  /* small: range-checked */
+            if (v == NULL)
+                goto fail;
+            Py_DECREF(v);
+            break;
+        }
+        case K_STRING:
+        case K_BYTES:
+            if (skip_strbytes(c, op->kind == K_STRING, op->compact, op->nullable))
+                goto fail;
+            break;
+        case K_ARRAY: {
+            int64_t n;
+            if (rd_len(c, op->compact, 1, &n))
+                goto fail;
+            if (n < 0) {
+                if (op->nullable && n == -1)
+                    break;
+                goto fail;
+            }
+            Py_ssize_t left = c->end - c->pos;
+            Py_ssize_t size = op->sub == NULL ? FIXED_SIZE[op->type] : 0;
+            if (size > 0) {
+                if (n > left / size)
+                    goto fail;
+                c->pos += (Py_ssize_t)n * size;
+                break;
+            }
+            if (n > left)
+                goto fail;
+            for (int64_t i = 0; i < n; i++) {
+                if (op->sub != NULL ? skip_struct(op->sub, c, NULL)
+                                    : skip_strbytes(c, op->type == T_STR, op->compact, 0))
+                    goto fail;
+            }
+            break;
+        }
+        case K_STRUCT:
+            if (op->nullable) {
+                if (c->pos >= c->end)
+                    goto fail;
+                int8_t m = (int8_t)c->buf[c->pos++];
+                if (m == -1)
+                    break;
+                if (m != 1)
+                    goto fail;
+            }
+            if (skip_struct(op->sub, c, NULL))
+                goto fail;
+            break;
+        default:  /* defaults: nothing on the wire */
+            break;
+        }
+    }
+    if (pg->flexible) {
+        uint64_t cnt;
+        if (rd_uv(c, 5, &cnt))
+            goto fail;
+        for (uint64_t i = 0; i < cnt; i++) {
+            uint64_t tag, size;
+            if (rd_uv(c, 5, &tag) || rd_uv(c, 5, &size) || size > (uint64_t)(c->end - c->pos))
+                goto fail;
+            c->pos += (Py_ssize_t)size;
+            if (tags != NULL) {
+                PyObject *t = PyLong_FromUnsignedLongLong(tag);
+                if (t == NULL || PyList_Append(tags, t) < 0) {
+                    Py_XDECREF(t);
+                    goto fail;
+                }
+                Py_DECREF(t);
+            }
+        }
+    }
+    c->depth--;
+    return 0;
+fail:
+    c->depth--;
+    return -1;
+}
+
+/* scan(program, buf: bytes, pos: int, end: int) -> (end_offset, [top-level tags]) | None */
+static PyObject *
+native_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyObject_TypeCheck(args[0], &Program_Type) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "scan(program, buf: bytes, pos, end)");
+        return NULL;
+    }
+    Program *pg = (Program *)args[0];
+    if (!pg->ready) {
+        PyErr_SetString(PyExc_ValueError, "program not set up");
+        return NULL;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
+    if (pos == -1 && PyErr_Occurred())
+        return NULL;
+    Py_ssize_t end = PyLong_AsSsize_t(args[3]);
+    if (end == -1 && PyErr_Occurred())
+        return NULL;
+    if (pos < 0 || end < pos || end > PyBytes_GET_SIZE(args[1]))
+        Py_RETURN_NONE;
+    Ctx c = {args[1], (const unsigned char *)PyBytes_AS_STRING(args[1]), pos, end, 0};
+    PyObject *tags = PyList_New(0);
+    if (tags == NULL)
+        return NULL;
+    if (skip_struct(pg, &c, tags)) {
+        Py_DECREF(tags);
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_NONE;
+    }
+    return Py_BuildValue("(nN)", c.pos, tags);
+}
+
 /* decode(program, buf: bytes, pos: int, end: int) -> (value, end_offset) | None */
 static PyObject *
 native_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
@@ -752,6 +904,9 @@ static PyMethodDef module_methods[] = {
     {"decode", (PyCFunction)(void (*)(void))native_decode, METH_FASTCALL,
      "decode(program, buf: bytes, pos: int, end: int) -> (value, end offset) or None "
      "when buf[pos:end] does not decode."},
+    {"scan", (PyCFunction)(void (*)(void))native_scan, METH_FASTCALL,
+     "scan(program, buf: bytes, pos: int, end: int) -> (end offset, [top-level tags]) or "
+     "None: walks buf[pos:end] as decode() would, building nothing."},
     {"default", (PyCFunction)native_default, METH_O,
      "default(program) -> a new instance with every field at its default."},
     {NULL}

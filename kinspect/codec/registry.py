@@ -34,6 +34,7 @@ from .spec import MessageSpec, parse_message_spec
 from .values import Struct, struct_class
 
 _native_decode = getattr(native_module(), "decode", None)
+_native_scan = getattr(native_module(), "scan", None)
 
 PROJECT_SPECS = Path(__file__).resolve().parents[2] / "specs"
 ENV_VAR = "KINSPECT_SPECS"
@@ -341,7 +342,8 @@ class MessageCodec:
                        end: int | None = None) -> frozenset[int]:
         """The tag numbers in the top-level tag section (KIP-482) of the message in
         ``buf[pos:end]``, known and unknown, found by walking the message without
-        building it (:mod:`kinspect.codec.scan`); empty for non-flexible versions.
+        building it (the C fast path's ``scan``, else :mod:`kinspect.codec.scan`);
+        empty for non-flexible versions.
 
         Raises:
             DecodeError: malformed input (with the path and offset a full decode
@@ -349,6 +351,14 @@ class MessageCodec:
         """
         if end is None:
             end = len(buf)
+        if _native_scan is not None and type(buf) is bytes:
+            cv = self._compiled.get(version)
+            if cv is None and self.spec.valid_versions.contains(version):
+                cv = self.compiled(version)
+            if cv is not None and cv.native is not None:
+                got = _native_scan(cv.native, buf, pos, end)  # None: not accepted
+                if got is not None and got[0] == end:
+                    return frozenset(got[1])
         scan = self._scanners.get(version)
         if scan is None:
             if not self.spec.valid_versions.contains(version):
