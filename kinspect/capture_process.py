@@ -63,7 +63,7 @@ _STOP_TIMEOUT = 120.0
 #: bytes handed on after which they are written to the pipe at the next loop iteration
 BATCH_BYTES = 256 << 10
 #: seconds after which frames handed on are written to the pipe, however few
-BATCH_DELAY = 0.05
+BATCH_DELAY = 0.01
 
 
 class CaptureProcess(CaptureHooks):

@@ -27,7 +27,7 @@ from .show import COLUMNS, flow_row
 
 #: bytes of frames (requests and responses) of flows waiting to be rendered, past
 #: which the oldest are rendered at once (and their frames let go)
-PENDING_BYTES = 16 << 20
+PENDING_BYTES = 4 << 20
 
 
 def human_bytes(n: float | None) -> str:
