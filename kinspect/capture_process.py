@@ -151,18 +151,36 @@ class CaptureProcess(CaptureHooks):
             n += len(piece)
         self._out += (_HDR.pack(len(h), n), h, *payload)
         self.backlog_bytes += 8 + len(h) + n
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no event loop: write now, waiting if need be
+            self._write_blocking()
+            return True
+        if loop is not self._loop:
+            # a new event loop (the previous one ended): what was armed on the old
+            # one will never run; start afresh here
+            self._forget_loop()
+            self._loop = loop
         if not self._scheduled and not self._watching:
-            try:
-                loop = self._loop = asyncio.get_running_loop()
-            except RuntimeError:  # no event loop: write now, waiting if need be
-                self._write_blocking()
-                return True
             if self.backlog_bytes >= BATCH_BYTES:
                 self._scheduled = True
                 loop.call_soon(self._write)
             elif self._timer is None:
                 self._timer = loop.call_later(BATCH_DELAY, self._on_timer)
         return True
+
+    def _forget_loop(self) -> None:
+        old = self._loop
+        if old is not None and self._watching and not old.is_closed():
+            old.remove_writer(self._fd)
+        if self._timer is not None:
+            try:
+                self._timer.cancel()
+            except Exception:  # noqa: BLE001 - a handle of a closed loop may refuse
+                pass
+        self._timer = None
+        self._scheduled = False
+        self._watching = False
 
     def _on_timer(self) -> None:
         self._timer = None

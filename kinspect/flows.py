@@ -120,15 +120,17 @@ def top_level_error_code(body: Any) -> int | None:
     return found
 
 
-_EC_PLANS: dict[type, tuple[bool, tuple[str, ...]]] = {}
-
-
 def _error_code_plan(cls: type) -> tuple[bool, tuple[str, ...]]:
-    """(has an ``ErrorCode`` field, names of its arrays of structs) of a value class."""
-    plan = _EC_PLANS.get(cls)
+    """(has an ``ErrorCode`` field, names of its arrays of structs) of a value class,
+    kept on the class itself (so it lives exactly as long as the class)."""
+    plan = cls.__dict__.get("_error_code_plan")
     if plan is None:
         spec = getattr(cls, "_spec", None)
         arrays = tuple(f.name for f in spec.fields if f.is_array and f.struct is not None) \
             if spec is not None else ()
-        plan = _EC_PLANS[cls] = ("ErrorCode" in getattr(cls, "_fields", ()), arrays)
+        plan = ("ErrorCode" in getattr(cls, "_fields", ()), arrays)
+        try:
+            cls._error_code_plan = plan
+        except (AttributeError, TypeError):  # not a value class (a builtin type)
+            pass
     return plan

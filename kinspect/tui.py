@@ -6,11 +6,13 @@ whatever the traffic, and renders rows lazily: a flow waits as it is until a red
 shows it, so under heavy traffic only the flows that reach the screen cost a row
 (a few dozen per redraw instead of one per flow). The flows waiting are bounded
 (the newest ``keep``, and at most :data:`PENDING_BYTES` of frames; past that the
-oldest are rendered at once), so the view never holds many frames in memory.
+oldest are rendered at once), so the view never holds many frames in memory. A flow
+that cannot be rendered is logged and left out; the redraws go on.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -26,8 +28,11 @@ from .flows import Flow
 from .show import COLUMNS, flow_row
 
 #: bytes of frames (requests and responses) of flows waiting to be rendered, past
-#: which the oldest are rendered at once (and their frames let go)
+#: which the oldest are rendered at once and let go (their decoded values, also
+#: held while they wait, take a few times their frames' bytes)
 PENDING_BYTES = 4 << 20
+
+log = logging.getLogger("kinspect.tui")
 
 
 def human_bytes(n: float | None) -> str:
@@ -131,7 +136,8 @@ class LiveView:
     @property
     def rows(self) -> deque[tuple[dict[str, str], str | None]]:
         """``(row, style)`` of the newest ``keep`` matching flows, oldest first (every
-        waiting flow is rendered first)."""
+        waiting flow is rendered first), less those a redraw let go unrendered: flows
+        older than a whole screen of newer ones at the time of that redraw."""
         self._render(None)
         return self._rows
 
@@ -156,7 +162,11 @@ class LiveView:
                 pending.clear()
                 self._pending_bytes = 0
             topic_ids = self.topic_ids
-            self._rows.extend((flow_row(f, topic_ids, quick=True), _style(f)) for f in take)
+            for f in take:
+                try:
+                    self._rows.append((flow_row(f, topic_ids, quick=True), _style(f)))
+                except Exception:  # noqa: BLE001 - one bad row must not stop the redraws
+                    log.exception("live view: cannot render flow #%s", f.id)
 
     def close(self) -> None:
         self._live.stop()

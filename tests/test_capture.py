@@ -749,3 +749,56 @@ def test_writev_all_passes_over_empty_pieces(tmp_path):
     with open(path, "wb", buffering=0) as fh:
         cap._writev_all(fh.fileno(), list(pieces))
     assert path.read_bytes() == b"xyz"
+
+
+async def test_capture_process_hands_small_frames_on_after_the_batch_delay(tmp_path):
+    """A few small frames are not written to the pipe at once: they go together
+    after BATCH_DELAY (one wake-up of the child), and nothing is left waiting."""
+    from kinspect import capture_process
+    from kinspect.flows import Flow
+
+    child = CaptureProcess(tmp_path / "child.jsonl", CODEC, upstream="u:1")
+    try:
+        for i in range(5):
+            flow = Flow(i + 1, 1, "c:1", "u:1", 18, 3, i, "ApiVersions", b"\x00" * 40, i)
+            child.on_request(flow)
+        assert child.backlog_bytes > 0 and child._timer is not None
+        await asyncio.sleep(0.001)
+        assert child.backlog_bytes > 0  # still batching
+        await asyncio.sleep(capture_process.BATCH_DELAY * 3)
+        assert child.backlog_bytes == 0 and child._timer is None
+    finally:
+        await child.aclose()
+    assert child.frames == 5 and child.lines == 6
+
+
+def test_capture_process_used_on_a_second_event_loop_keeps_handing_on(tmp_path):
+    """The loop a batch timer was armed on ends before it fires (asyncio.run twice):
+    frames handed on under the next loop still reach the child without waiting for
+    close()."""
+    from kinspect.flows import Flow
+
+    child = CaptureProcess(tmp_path / "child.jsonl", CODEC, upstream="u:1")
+
+    def flow(i):
+        return Flow(i, 1, "c:1", "u:1", 18, 3, i, "ApiVersions", b"\x00" * 40, i)
+
+    async def first():
+        child.on_request(flow(1))  # arms the timer; the loop ends at once
+
+    async def second():
+        for i in range(2, 6):
+            child.on_request(flow(i))
+        for _ in range(100):
+            await asyncio.sleep(0.01)
+            if child.backlog_bytes == 0:
+                break
+        return child.backlog_bytes
+
+    try:
+        asyncio.run(first())
+        assert child.backlog_bytes > 0
+        assert asyncio.run(second()) == 0
+    finally:
+        child.close()
+    assert child.frames == 5 and child.lines == 6

@@ -18,6 +18,7 @@ import random
 import struct
 import sys
 import tracemalloc
+from pathlib import Path
 
 import pytest
 from codec_util import corpus_registry, inline
@@ -27,6 +28,7 @@ from strategies import message_values
 
 from kinspect.codec import DecodeError, SpecRegistry, Struct
 from kinspect.codec.native import native_module
+from kinspect.codec.registry import _DECODE_FAILURES as DECODE_FAILURES
 from kinspect.codec.registry import kafka_python_specs
 from kinspect.codec.scan import compile_scanner
 
@@ -51,8 +53,44 @@ def test_native_extension_is_built():
         "headers (`pip install -e .`), or set KINSPECT_NATIVE=0 to test the Python path alone")
 
 
-needs_native = pytest.mark.skipif(NATIVE is None and os.environ.get("KINSPECT_NATIVE") == "0",
-                                  reason="KINSPECT_NATIVE=0: the C fast path is off on purpose")
+def test_a_stale_build_is_refused(monkeypatch, caplog):
+    """An extension built from an older _native.c (an editable install not rebuilt)
+    is not used: a warning says to rebuild, or with KINSPECT_NATIVE=1 an error."""
+    if NATIVE is None:
+        pytest.skip("the extension is off (KINSPECT_NATIVE=0)")
+    monkeypatch.setattr(NATIVE, "ABI", -1)
+    monkeypatch.delenv("KINSPECT_NATIVE", raising=False)
+    with caplog.at_level("WARNING", logger="kinspect.codec"):
+        assert native_module() is None
+    assert "pip install -e ." in caplog.text
+    monkeypatch.setenv("KINSPECT_NATIVE", "1")
+    with pytest.raises(ImportError, match="rebuild"):
+        native_module()
+
+
+needs_native = pytest.mark.skipif(
+    NATIVE is None and os.environ.get("KINSPECT_NATIVE", "").strip() == "0",
+    reason="KINSPECT_NATIVE=0: the C fast path is off on purpose")
+
+
+def test_python_decoder_alone_passes_the_codec_suites():
+    """Without the C fast path (no compiler at install time, or KINSPECT_NATIVE=0)
+    the generated Python decoder and scanner do all the work: the conformance,
+    fidelity and safety suites pass on them alone (run in a child process with the
+    C path off)."""
+    import subprocess
+
+    env = dict(os.environ, KINSPECT_NATIVE="0")
+    tests = Path(__file__).resolve().parent
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+         str(tests / "test_conformance.py"), str(tests / "test_codec_fidelity.py"),
+         str(tests / "test_codec_safety.py"), str(tests / "test_codec_native.py"),
+         "-k", "not test_python_decoder_alone"],
+        cwd=tests.parent, env=env, capture_output=True, text=True, timeout=900)
+    tail = "\n".join(proc.stdout.splitlines()[-15:])
+    assert proc.returncode == 0, tail
+    assert " passed" in tail and " failed" not in tail, tail
 
 
 def same_tree(a, b, path: str = "$") -> None:
@@ -81,11 +119,11 @@ def both(codec, buf: bytes, version: int, pos: int = 0, end: int | None = None):
     assert cv.native is not None
     try:
         nat = NATIVE.decode(cv.native, buf, pos, end)
-    except Exception:  # noqa: BLE001 - raised by a Python tag-section function: declined
+    except DECODE_FAILURES:  # raised by a Python tag-section function: declined
         nat = None
     try:
         py = cv.decode(buf, pos, end)
-    except Exception:  # noqa: BLE001 - any failure of the generated decoder
+    except DECODE_FAILURES:  # how the generated decoder fails
         py = None
     if py is not None and py[1] > end:  # read past `end` (caught by MessageCodec.decode)
         py = None

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 
-import pytest
 from rich.console import Console
 
 from clients import roundtrip_async
@@ -12,8 +11,6 @@ from kinspect.filters import parse
 from kinspect.show import COLUMNS
 from kinspect.tui import LinePrinter, LiveView
 from proxyutil import bootstrap_of, running_proxy
-
-pytestmark = pytest.mark.asyncio
 
 
 async def test_live_view_and_line_printer_show_real_flows(tansu, unique):
@@ -101,3 +98,25 @@ def test_live_view_renders_early_when_waiting_frames_pass_the_budget(monkeypatch
     assert len(view._pending) == 4096 // size
     # the oldest were rendered, in order, and nothing was lost
     assert [r["id"] for r, _ in view.rows] == [str(f.id) for f in flows]
+
+
+def test_a_flow_that_cannot_be_rendered_is_logged_and_the_view_goes_on(monkeypatch, caplog):
+    import kinspect.tui as tui
+
+    flows = _flows(6)
+    real = tui.flow_row
+
+    def flaky(flow, *a, **kw):
+        if flow is flows[2]:
+            raise ValueError("bad row")
+        return real(flow, *a, **kw)
+
+    monkeypatch.setattr(tui, "flow_row", flaky)
+    console = Console(file=io.StringIO(), width=200, height=14, force_terminal=False)
+    view = LiveView(object(), console=console, keep=50)
+    for f in flows:
+        view.on_flow(f)
+    with caplog.at_level("ERROR", logger="kinspect.tui"):
+        view.table(10)
+    assert "cannot render flow" in caplog.text
+    assert [r["id"] for r, _ in view.rows] == [str(f.id) for f in flows if f is not flows[2]]

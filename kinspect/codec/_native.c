@@ -53,6 +53,10 @@ static const int FIXED_SIZE[] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 16, 0, 0};
 
 #define MAX_DEPTH 64
 
+/* Bumped whenever the module's behaviour or interface changes: kinspect.codec.native
+ * refuses a stale build (an editable install keeps the old .so until rebuilt). */
+#define NATIVE_ABI 3
+
 typedef struct Program Program;
 
 typedef struct {
@@ -933,6 +937,7 @@ PyInit__native(void)
         return NULL;
     }
 #define ADD(name, v) if (PyModule_AddIntConstant(m, name, v) < 0) { Py_DECREF(m); return NULL; }
+    ADD("ABI", NATIVE_ABI)
     ADD("K_FIXED", K_FIXED) ADD("K_PACKED", K_PACKED) ADD("K_UPACKED", K_UPACKED)
     ADD("K_STRING", K_STRING) ADD("K_BYTES", K_BYTES) ADD("K_ARRAY", K_ARRAY)
     ADD("K_STRUCT", K_STRUCT) ADD("K_CONST", K_CONST) ADD("K_NEWLIST", K_NEWLIST)

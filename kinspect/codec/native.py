@@ -15,15 +15,24 @@ Environment:
 
 from __future__ import annotations
 
+import logging
 import os
 from types import ModuleType
 
+#: the interface version this Python code expects of the extension (``_native.ABI``)
+ABI = 3
+
+log = logging.getLogger("kinspect.codec")
+
 
 def native_module() -> ModuleType | None:
-    """The ``_native`` extension module, or ``None`` when it is off or not built.
+    """The ``_native`` extension module, or ``None`` when it is off, not built, or
+    built from an older ``_native.c`` (an editable install keeps the old binary until
+    ``pip install -e .`` runs again; a warning says so).
 
     Raises:
-        ImportError: ``KINSPECT_NATIVE=1`` and the extension is not importable.
+        ImportError: ``KINSPECT_NATIVE=1`` and the extension is not importable or
+            is stale.
     """
     want = os.environ.get("KINSPECT_NATIVE", "").strip()
     if want == "0":
@@ -33,5 +42,13 @@ def native_module() -> ModuleType | None:
     except ImportError:
         if want == "1":
             raise
+        return None
+    if getattr(_native, "ABI", None) != ABI:
+        msg = (f"kinspect.codec._native ({_native.__file__}) was built from another "
+               f"version of _native.c (ABI {getattr(_native, 'ABI', None)}, expected {ABI}): "
+               f"rebuild it with `pip install -e .`")
+        if want == "1":
+            raise ImportError(msg)
+        log.warning("%s; decoding in Python meanwhile", msg)
         return None
     return _native

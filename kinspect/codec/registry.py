@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import tempfile
 import zipfile
@@ -270,7 +271,10 @@ class MessageCodec:
                 # below then decodes it the same way or raises the precise error
                 try:
                     got = _native_decode(native, buf, pos, end)
-                except Exception:  # noqa: BLE001 - re-raised precisely by the Python path
+                except _DECODE_FAILURES:  # from a tag-section function: told precisely below
+                    got = None
+                except Exception as ex:  # noqa: BLE001 - a bug: say so, decode in Python
+                    _native_failed(self.api, version, ex)
                     got = None
                 if got is not None:
                     return got
@@ -440,6 +444,19 @@ from struct import error as _struct_error
 # what generated decoders may raise on malformed input; all become DecodeError
 _DECODE_FAILURES = (DecodeError, IndexError, ValueError, OverflowError, MemoryError,
                     RecursionError, _struct_error, TypeError, KeyError, AttributeError)
+
+
+_NATIVE_WARNED: set[str] = set()
+
+
+def _native_failed(api: str, version: int, ex: BaseException) -> None:
+    """An unexpected error from the C fast path: logged once per kind, the Python
+    decoder takes over."""
+    key = f"{type(ex).__name__}: {ex}"
+    if key not in _NATIVE_WARNED and len(_NATIVE_WARNED) < 100:
+        _NATIVE_WARNED.add(key)
+        logging.getLogger("kinspect.codec").warning(
+            "C fast path failed on %s v%d (%s); decoding in Python", api, version, key)
 
 
 def _path(trace: list[tuple[str, int, str]]) -> str:
