@@ -576,28 +576,48 @@ fail:
     return -1;
 }
 
+/* The arguments (program, buf: bytes, pos, end) of decode() and scan(): 1 and *c set
+ * up, 0 when buf[pos:end] is not within buf (not accepted), -1 with an exception. */
+static int
+walk_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, Program **pg, Ctx *c)
+{
+    if (nargs != 4 || !PyObject_TypeCheck(args[0], &Program_Type) || !PyBytes_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, usage);
+        return -1;
+    }
+    *pg = (Program *)args[0];
+    if (!(*pg)->ready) {
+        PyErr_SetString(PyExc_ValueError, "program not set up");
+        return -1;
+    }
+    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
+    if (pos == -1 && PyErr_Occurred())
+        return -1;
+    Py_ssize_t end = PyLong_AsSsize_t(args[3]);
+    if (end == -1 && PyErr_Occurred())
+        return -1;
+    if (pos < 0 || end < pos || end > PyBytes_GET_SIZE(args[1]))
+        return 0;
+    c->bufobj = args[1];
+    c->buf = (const unsigned char *)PyBytes_AS_STRING(args[1]);
+    c->pos = pos;
+    c->end = end;
+    c->depth = 0;
+    return 1;
+}
+
 /* scan(program, buf: bytes, pos: int, end: int) -> (end_offset, [top-level tags]) | None */
 static PyObject *
 native_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyObject_TypeCheck(args[0], &Program_Type) || !PyBytes_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "scan(program, buf: bytes, pos, end)");
-        return NULL;
-    }
-    Program *pg = (Program *)args[0];
-    if (!pg->ready) {
-        PyErr_SetString(PyExc_ValueError, "program not set up");
-        return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
-    if (pos == -1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t end = PyLong_AsSsize_t(args[3]);
-    if (end == -1 && PyErr_Occurred())
-        return NULL;
-    if (pos < 0 || end < pos || end > PyBytes_GET_SIZE(args[1]))
+    Program *pg;
+    Ctx c;
+    int ok = walk_args(args, nargs, "scan(program, buf: bytes, pos, end)", &pg, &c);
+    if (ok <= 0) {
+        if (ok < 0)
+            return NULL;
         Py_RETURN_NONE;
-    Ctx c = {args[1], (const unsigned char *)PyBytes_AS_STRING(args[1]), pos, end, 0};
+    }
     PyObject *tags = PyList_New(0);
     if (tags == NULL)
         return NULL;
@@ -614,25 +634,14 @@ native_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 static PyObject *
 native_decode(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 4 || !PyObject_TypeCheck(args[0], &Program_Type) || !PyBytes_CheckExact(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "decode(program, buf: bytes, pos, end)");
-        return NULL;
-    }
-    Program *pg = (Program *)args[0];
-    if (!pg->ready) {
-        PyErr_SetString(PyExc_ValueError, "program not set up");
-        return NULL;
-    }
-    Py_ssize_t pos = PyLong_AsSsize_t(args[2]);
-    if (pos == -1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t end = PyLong_AsSsize_t(args[3]);
-    if (end == -1 && PyErr_Occurred())
-        return NULL;
-    Py_ssize_t size = PyBytes_GET_SIZE(args[1]);
-    if (pos < 0 || end < pos || end > size)
+    Program *pg;
+    Ctx c;
+    int ok = walk_args(args, nargs, "decode(program, buf: bytes, pos, end)", &pg, &c);
+    if (ok <= 0) {
+        if (ok < 0)
+            return NULL;
         Py_RETURN_NONE;
-    Ctx c = {args[1], (const unsigned char *)PyBytes_AS_STRING(args[1]), pos, end, 0};
+    }
     PyObject *o = decode_struct(pg, &c);
     if (o == NULL) {
         if (PyErr_Occurred())
