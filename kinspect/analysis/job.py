@@ -30,7 +30,9 @@ passes the paths as they are instead (a shared filesystem), and the executors
 then add their own default path. The kinspect code itself is shipped as a zip
 (``addPyFile``) when the master is not local, unless ``--no-ship-code``; its
 dependencies (json5, cramjam, crc32c, kafka-python) must be installed on the
-executors' Python.
+executors' Python. The zip holds Python files only, so executors decode with the
+generated Python decoder; for the decoder's C fast path there, install kinspect on
+the executors (``pip install``, with a C compiler) and pass ``--no-ship-code``.
 """
 
 from __future__ import annotations
