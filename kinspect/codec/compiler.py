@@ -32,10 +32,11 @@ from typing import Any, Callable
 
 from .errors import DecodeError, EncodeError
 from .native import native_module
-
-_native = native_module()
 from .spec import INT_RANGES, FieldSpec, MessageSpec, StructSpec
 from .values import Struct, struct_class
+
+#: the C fast path's module (kinspect.codec._native), or None when it is not used
+_native = native_module()
 
 # (struct format char, size) of fixed-width primitives
 FIXED = {

@@ -29,13 +29,13 @@ from typing import Any
 import json5
 
 from .compiler import CompiledVersion
-from .native import native_module
+from .compiler import _native as _NATIVE
 from .errors import DecodeError, EncodeError, KinspectError, SpecError
 from .spec import MessageSpec, parse_message_spec
 from .values import Struct, struct_class
 
-_native_decode = getattr(native_module(), "decode", None)
-_native_scan = getattr(native_module(), "scan", None)
+_native_decode = getattr(_NATIVE, "decode", None)
+_native_scan = getattr(_NATIVE, "scan", None)
 
 PROJECT_SPECS = Path(__file__).resolve().parents[2] / "specs"
 ENV_VAR = "KINSPECT_SPECS"
