@@ -15,12 +15,17 @@
  * Contract with the Python side: decode() returns (value, end_offset) when the
  * bytes decode, and None when they do not (truncated, lengths or counts past the
  * end, negative lengths where not allowed, invalid UTF-8, over-long varints, values
- * out of range, too deep). It never reads outside buf[pos:end] and checks every
- * count against the bytes left before allocating for it. On None the caller runs the
+ * out of range, too deep). It never reads outside buf[pos:end], checks every count
+ * against the bytes left before allocating for it, and grows lists of structs or
+ * strings as their elements are read. On None the caller runs the
  * generated Python decoder, which either succeeds the same way or raises the precise
  * DecodeError, so this file only has to be right about what it accepts. Non-empty
  * tag sections are handed to the generated Python tag-section function of the
  * struct (they are rare, and that function knows every tagged field's type).
+ *
+ * scan() walks the same programs without building anything and returns the end
+ * offset and the tags of the top-level tag section; it accepts everything decode()
+ * accepts (it does not look inside strings or tagged fields).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -201,7 +206,8 @@ rd_len(Ctx *c, int compact, int wide, int64_t *n)
     return 0;
 }
 
-/* Marker for "did not decode": a borrowed pointer that is never a value. */
+/* "Did not decode": NULL with no exception set (an exception set means a real error,
+ * such as a failed allocation, which the caller re-raises). */
 #define FAIL NULL
 
 static PyObject *decode_struct(Program *pg, Ctx *c);
