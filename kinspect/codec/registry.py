@@ -355,11 +355,10 @@ class MessageCodec:
         """
         if end is None:
             end = len(buf)
-        if _native_scan is not None and type(buf) is bytes:
-            cv = self._compiled.get(version)
-            if cv is None and self.spec.valid_versions.contains(version):
-                cv = self.compiled(version)
-            if cv is not None and cv.native is not None:
+        if (_native_scan is not None and type(buf) is bytes
+                and self.spec.valid_versions.contains(version)):
+            cv = self.compiled(version)
+            if cv.native is not None:
                 got = _native_scan(cv.native, buf, pos, end)  # None: not accepted
                 if got is not None and got[0] == end:
                     return frozenset(got[1])
