@@ -1056,11 +1056,12 @@ def test_produce_acks_shortcut_agrees_with_the_decoder_for_every_version():
     assert checked > 100
 
 
-async def test_pipeline_works_while_the_broker_is_busy_not_in_the_turnaround():
-    """Post-forwarding work on a completed flow waits (up to ``delay``) and is done
-    when the proxy kicks the pipeline, right after forwarding the next request (the
-    broker has work, the client has its answer): never inside the request/response
-    turnaround. Without a kick, the ``delay`` timer starts it."""
+async def test_pipeline_works_in_batches_outside_the_turnaround():
+    """Post-forwarding work waits for a batch: ``delay`` after its first event, or a
+    kick (right after the proxy forwarded requests: the broker has work, the client
+    has its answer) once a full batch waits (``batch_events`` events or
+    ``batch_bytes`` bytes of frames). It never runs inside the request/response
+    turnaround, and a kick with less than a batch waiting leaves it to the timer."""
     from kinspect.flows import Flow
     from kinspect.proxy.pipeline import Pipeline
 
@@ -1073,25 +1074,33 @@ async def test_pipeline_works_while_the_broker_is_busy_not_in_the_turnaround():
         def on_flow(self, flow):
             seen.append(f"flow {flow.id}")
 
-    pipeline = Pipeline(codec(), [Addon()], decode=False, delay=3600)
+    def flow(i: int, response: bytes | None = b"resp", size: int = 3) -> Flow:
+        f = Flow(i, 1, "c", "u", 18, 3, i, "ApiVersions", b"r" * size, 0)
+        f.response = response
+        return f
+
+    pipeline = Pipeline(codec(), [Addon()], decode=False, delay=3600, batch_events=3,
+                        batch_bytes=1000)
     pipeline.start()
-    first = Flow(1, 1, "c", "u", 18, 3, 1, "ApiVersions", b"req", 0)
-    first.response = b"resp"
-    pipeline.complete(first)
+    pipeline.complete(flow(1))
     for _ in range(5):
         await asyncio.sleep(0)
     assert seen == [], "work started inside the turnaround"
-    pipeline.request(Flow(2, 1, "c", "u", 18, 3, 2, "ApiVersions", b"req", 0))
+    pipeline.request(flow(2, None))
     assert seen == []  # handing on is all the forwarding path does
     pipeline.kick()
-    assert seen == ["flow 1", "req 2"]
+    assert seen == [], "a kick started work on less than a batch"
+    pipeline.request(flow(3, None))
+    pipeline.kick()  # three events: a full batch
+    assert seen == ["flow 1", "req 2", "req 3"]
+    pipeline.request(flow(4, None, size=1000))
+    pipeline.kick()  # one event, but a batch's worth of bytes
+    assert seen[-1] == "req 4"
     # no kick: the timer starts the work
     quick = Pipeline(codec(), [Addon()], decode=False, delay=0.01)
     quick.start()
-    third = Flow(3, 1, "c", "u", 18, 3, 3, "ApiVersions", b"req", 0)
-    third.response = b"resp"
-    quick.complete(third)
-    await wait_for(lambda: seen[-1] == "flow 3", timeout=5, what="the delay timer")
+    quick.complete(flow(5))
+    await wait_for(lambda: seen[-1] == "flow 5", timeout=5, what="the delay timer")
     await pipeline.close()
     await quick.close()
 
