@@ -3,20 +3,32 @@
 :class:`CaptureProcess` is a pipeline addon with the same hooks and the same output
 as :class:`~kinspect.capture.CaptureWriter`, but the costly part of a capture (base64
 of every frame, JSON, redaction, the file writes) runs in a child process running a
-``CaptureWriter``, on another core. The proxy's side only hands each frame on: a
-small header plus the frame bytes, written to a non-blocking pipe in batches:
-once :data:`BATCH_BYTES` are waiting (at the next event-loop iteration), else
-:data:`BATCH_DELAY` seconds after the first frame of the batch (``os.writev`` of
-everything handed on meanwhile, up to IOV_MAX pieces per call; when the pipe is
-full the rest waits for it to drain, watched by the event loop). Each write wakes
-the child: once per request/response turnaround that costs the proxy more than
-the rest of the hand-off (measured in BENCHMARKS.md, Proxy), so small frames are
-handed on a few dozen times per second rather than at every turnaround. The child
-buffers lines for up to a second before writing the file anyway.
+``CaptureWriter``, on another core. The proxy's side only hands each frame on:
 
-Messages on the pipe: ``>II`` (header length, payload length), the header (a
-:mod:`marshal` tuple: parent and child run the same interpreter), the payload (the
-frame, then the sent frame when it differs).
+* the frame bytes are copied into a ring of shared memory (:data:`RING_BYTES`, a
+  Linux ``memfd`` mapped by both processes) when it has room, and go through the
+  pipe with their header otherwise (no ring on this system, a frame larger than
+  the room left, the child behind);
+* a small header per frame is written to a non-blocking pipe, in batches: once
+  :data:`BATCH_BYTES` were handed on (at the next event-loop iteration), else
+  :data:`BATCH_DELAY` seconds after the first frame of the batch (``os.writev`` of
+  everything queued meanwhile, up to IOV_MAX pieces per call; when the pipe is
+  full the rest waits for it to drain, watched by the event loop).
+
+Each pipe write wakes the child: once per request/response turnaround that costs
+the proxy more than the rest of the hand-off (measured in BENCHMARKS.md, Proxy), so
+small frames are handed on a few dozen times per second rather than at every
+turnaround. Through the ring, a frame costs one copy on each side instead of two
+trips through the kernel (pipe write and read) plus a copy out of the read buffer.
+The child buffers lines for up to a second before writing the file anyway.
+
+Messages on the pipe: ``>III`` (header length, payload bytes on the pipe, payload
+bytes in the ring), the header (a :mod:`marshal` tuple: parent and child run the
+same interpreter), the payload when it is on the pipe (the frame, then the sent
+frame when it differs). Ring payloads follow each other in the ring in message
+order, wrapping around at its end. The ring's first 8 bytes hold the count of ring
+bytes the child has taken (native uint64, written only by the child), which tells
+the proxy how much room there is.
 
 Guarantees:
 
@@ -40,6 +52,7 @@ import asyncio
 import json
 import logging
 import marshal
+import mmap
 import os
 import select
 import struct
@@ -56,7 +69,11 @@ from .flows import Flow
 
 log = logging.getLogger("kinspect.capture")
 
-_HDR = struct.Struct(">II")
+_HDR = struct.Struct(">III")
+#: the child's count of ring bytes taken, at the start of the shared memory
+_TAKEN = struct.Struct("=Q")
+#: where frame bytes start in the shared memory (after the count, on its own cache line)
+_RING_DATA = 64
 _marshal_dumps = marshal.dumps
 _START_TIMEOUT = 60.0
 _STOP_TIMEOUT = 120.0
@@ -64,6 +81,8 @@ _STOP_TIMEOUT = 120.0
 BATCH_BYTES = 256 << 10
 #: seconds after which frames handed on are written to the pipe, however few
 BATCH_DELAY = 0.01
+#: bytes of the shared-memory ring frames travel through to the child (Linux)
+RING_BYTES = 16 << 20
 
 
 class CaptureProcess(CaptureHooks):
@@ -73,13 +92,18 @@ class CaptureProcess(CaptureHooks):
         ``upstream``, ``listen``, ``secrets``, ``max_bytes``, ``start_ns``); the
         child loads the same spec sources as ``codec`` (specs added in memory are
         not seen there, so redaction knows only the APIs those sources define).
+        ``ring_bytes``: size of the shared-memory ring (0: frames go through the
+        pipe only).
 
     Attributes:
         path, secrets, max_bytes, gzip: as given.
         frames: frame lines handed to the child so far.
         lines, redacted, paths: as the child reports them when closed (before that:
             0, 0 and the first part's path).
-        backlog_bytes: bytes handed on but not yet taken by the child.
+        backlog_bytes: bytes handed on but not yet written to the pipe (headers, and
+            frames not in the ring).
+        ring_bytes: size of the ring in use (0 when there is none).
+        ring_frames: frames whose bytes went through the ring.
         pause_bytes: backlog beyond which the pipeline pauses the proxy (16 MiB), so
             the capture never lags far behind the traffic.
 
@@ -89,7 +113,8 @@ class CaptureProcess(CaptureHooks):
 
     def __init__(self, path: str | os.PathLike, codec: Codec | None = None, *,
                  upstream: str = "", listen: str = "", secrets: bool = False,
-                 max_bytes: int | None = None, start_ns: int | None = None):
+                 max_bytes: int | None = None, start_ns: int | None = None,
+                 ring_bytes: int = RING_BYTES):
         self.path = Path(path)
         self.secrets = secrets
         self.max_bytes = max_bytes
@@ -100,6 +125,7 @@ class CaptureProcess(CaptureHooks):
         self.paths: list[Path] = [self.path]
         self.backlog_bytes = 0
         self.pause_bytes = 16 << 20
+        self.ring_frames = 0
         self._closed = False
         codec = codec or Codec()
         sources = [{"path": s.path, "kind": s.kind, "origin": s.origin}
@@ -107,6 +133,15 @@ class CaptureProcess(CaptureHooks):
         config = {"path": str(self.path), "upstream": upstream, "listen": listen,
                   "secrets": secrets, "max_bytes": max_bytes, "sources": sources,
                   "start_ns": start_ns if start_ns is not None else time.time_ns()}
+        ring = _open_ring(ring_bytes)
+        ring_fd = ring[0] if ring else -1
+        self._ring: mmap.mmap | None = ring[1] if ring else None
+        self.ring_bytes = ring_bytes if ring else 0
+        #: ring bytes written so far (the next goes at ``_put % ring_bytes``)
+        self._put = 0
+        #: the child's count of ring bytes taken, as last read
+        self._taken = 0
+        config["ring"] = [ring_fd, self.ring_bytes] if ring else None
         r, w = os.pipe()
         _grow_pipe(w)
         # the child imports this very kinspect, wherever it was imported from
@@ -117,12 +152,15 @@ class CaptureProcess(CaptureHooks):
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "kinspect.capture_process", json.dumps(config)],
                 stdin=r, stdout=subprocess.PIPE, stderr=None, start_new_session=True,
-                env=env)
+                env=env, pass_fds=(ring_fd,) if ring else ())
         except OSError as e:
             os.close(r)
             os.close(w)
+            self._close_ring(ring_fd)
             raise CaptureError(f"cannot start the capture process: {e}", self.path) from None
         os.close(r)
+        if ring:
+            os.close(ring_fd)  # the mappings keep the memory
         self._fd = w
         ready = self._proc.stdout.readline() if _readable(self._proc.stdout, _START_TIMEOUT) \
             else b""
@@ -130,11 +168,14 @@ class CaptureProcess(CaptureHooks):
             os.close(w)
             self._proc.kill()
             self._proc.communicate()
+            self._close_ring()
             reason = ready.decode(errors="replace").strip() or "it exited without a word"
             raise CaptureError(f"capture process failed: {reason}", self.path)
         os.set_blocking(w, False)
         #: pieces handed on and not yet in the pipe
         self._out: list = []
+        #: bytes handed on (ring included) since the last write to the pipe
+        self._batch = 0
         self._loop: Any = None
         self._scheduled = False
         self._timer: asyncio.TimerHandle | None = None
@@ -149,8 +190,15 @@ class CaptureProcess(CaptureHooks):
         n = 0
         for piece in payload:
             n += len(piece)
-        self._out += (_HDR.pack(len(h), n), h, *payload)
-        self.backlog_bytes += 8 + len(h) + n
+        if n and self._ring is not None and n <= self._ring_room():
+            self._ring_write(payload)
+            self.ring_frames += 1
+            self._out += (_HDR.pack(len(h), 0, n), h)
+            self.backlog_bytes += 12 + len(h)
+        else:
+            self._out += (_HDR.pack(len(h), n, 0), h, *payload)
+            self.backlog_bytes += 12 + len(h) + n
+        self._batch += 12 + len(h) + n
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no event loop: write now, waiting if need be
@@ -162,12 +210,52 @@ class CaptureProcess(CaptureHooks):
             self._forget_loop()
             self._loop = loop
         if not self._scheduled and not self._watching:
-            if self.backlog_bytes >= BATCH_BYTES:
+            if self._batch >= BATCH_BYTES:
                 self._scheduled = True
                 loop.call_soon(self._write)
             elif self._timer is None:
                 self._timer = loop.call_later(BATCH_DELAY, self._on_timer)
         return True
+
+    def _ring_room(self) -> int:
+        """Bytes of the ring free now (the child's count is read until two reads
+        agree, so a torn read is never believed)."""
+        ring = self._ring
+        unpack = _TAKEN.unpack_from
+        a = unpack(ring, 0)[0]
+        while True:
+            b = unpack(ring, 0)[0]
+            if a == b:
+                break
+            a = b
+        if self._taken < a <= self._put:  # it only grows, and never past what was put
+            self._taken = a
+        return self.ring_bytes - (self._put - self._taken)
+
+    def _ring_write(self, payload: tuple) -> None:
+        """Copy the pieces into the ring after the previous ones (room checked)."""
+        ring = self._ring
+        size = self.ring_bytes
+        put = self._put
+        for piece in payload:
+            k = len(piece)
+            p = put % size
+            if p + k <= size:
+                ring[_RING_DATA + p:_RING_DATA + p + k] = piece
+            else:  # wraps around the end
+                first = size - p
+                mv = memoryview(piece)
+                ring[_RING_DATA + p:_RING_DATA + size] = mv[:first]
+                ring[_RING_DATA:_RING_DATA + k - first] = mv[first:]
+            put += k
+        self._put = put
+
+    def _close_ring(self, fd: int = -1) -> None:
+        if fd >= 0:
+            os.close(fd)
+        if self._ring is not None:
+            self._ring.close()
+            self._ring = None
 
     def _forget_loop(self) -> None:
         old = self._loop
@@ -219,6 +307,8 @@ class CaptureProcess(CaptureHooks):
         except OSError as e:  # the child is gone: say so once, stop capturing
             self._fail(e)
             return False
+        finally:
+            self._batch = self.backlog_bytes
         return True
 
     def _write_blocking(self) -> None:
@@ -233,6 +323,7 @@ class CaptureProcess(CaptureHooks):
         self._broken = True
         self._out.clear()
         self.backlog_bytes = 0
+        self._batch = 0
         log.error("capture process stopped taking frames (%s); the capture ends here", e)
 
     def write_frame(self, flow: Flow, direction: str, frame: bytes, sent: bytes | None,
@@ -286,6 +377,8 @@ class CaptureProcess(CaptureHooks):
             out, _ = self._proc.communicate()
             log.error("capture process did not finish in %.0f s; killed", _STOP_TIMEOUT)
             return
+        finally:
+            self._close_ring()
         for line in out.splitlines():
             if line.startswith(b"{"):
                 info = json.loads(line)
@@ -305,6 +398,23 @@ def _grow_pipe(fd: int) -> None:
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, 1 << 20)
     except (ImportError, AttributeError, OSError):
         pass
+
+
+def _open_ring(size: int) -> tuple[int, mmap.mmap] | None:
+    """A ``memfd`` of ``size`` ring bytes (plus the count) and its mapping, or
+    ``None`` where there is none (not Linux, no memfd, ``size`` 0)."""
+    if size <= 0 or not hasattr(os, "memfd_create"):
+        return None
+    try:
+        fd = os.memfd_create("kinspect-capture-ring", os.MFD_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        os.ftruncate(fd, _RING_DATA + size)
+        return fd, mmap.mmap(fd, _RING_DATA + size)
+    except (OSError, ValueError):
+        os.close(fd)
+        return None
 
 
 def _readable(fh: Any, timeout: float) -> bool:
@@ -332,8 +442,13 @@ def _child(config: dict[str, Any]) -> int:
         return 1
     out.write(b"ready\n")
     out.flush()
+    ring = None
+    if config.get("ring"):
+        fd, size = config["ring"]
+        ring = _Ring(mmap.mmap(fd, _RING_DATA + size), size)
+        os.close(fd)
     try:
-        torn = _copy_input(writer)
+        torn = _copy_input(writer, ring)
     finally:  # whatever happened, the lines received so far reach the file
         writer.close()
     if torn:
@@ -346,7 +461,30 @@ def _child(config: dict[str, Any]) -> int:
     return 0
 
 
-def _copy_input(writer: Any) -> int:
+class _Ring:
+    """The child's end of the ring: takes payloads in order, counts what it took."""
+
+    __slots__ = ("mem", "size", "taken")
+
+    def __init__(self, mem: mmap.mmap, size: int):
+        self.mem = mem
+        self.size = size
+        self.taken = 0
+
+    def take(self, n: int) -> bytes:
+        """The next ``n`` bytes (a copy); the room is given back at once."""
+        mem, size = self.mem, self.size
+        p = self.taken % size
+        if p + n <= size:
+            data = mem[_RING_DATA + p:_RING_DATA + p + n]
+        else:
+            data = mem[_RING_DATA + p:_RING_DATA + size] + mem[_RING_DATA:_RING_DATA + n - size + p]
+        self.taken += n
+        _TAKEN.pack_into(mem, 0, self.taken)
+        return data
+
+
+def _copy_input(writer: Any, ring: _Ring | None = None) -> int:
     """Turn every message on stdin into capture lines until end of input; returns
     the bytes of a torn last message (0 normally)."""
     fd = sys.stdin.buffer.fileno()
@@ -363,13 +501,19 @@ def _copy_input(writer: Any) -> int:
         buf += chunk
         view = memoryview(buf)
         try:
-            while len(buf) - pos >= 8:
-                hlen, plen = _HDR.unpack_from(buf, pos)
-                end = pos + 8 + hlen + plen
+            while len(buf) - pos >= 12:
+                hlen, plen, rlen = _HDR.unpack_from(buf, pos)
+                end = pos + 12 + hlen + plen
                 if end > len(buf):
                     break
-                header = marshal.loads(view[pos + 8:pos + 8 + hlen])
-                payload = bytes(view[pos + 8 + hlen:end])
+                header = marshal.loads(view[pos + 12:pos + 12 + hlen])
+                if rlen:
+                    if ring is None:
+                        raise CaptureError("a frame in a ring this process does not have",
+                                           writer.path)
+                    payload = ring.take(rlen)
+                else:
+                    payload = bytes(view[pos + 12 + hlen:end])
                 pos = end
                 _apply(writer, header, payload)
         finally:

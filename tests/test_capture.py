@@ -679,6 +679,71 @@ async def test_capture_process_waits_for_a_full_pipe_and_loses_nothing(tmp_path)
     assert (tmp_path / "child.jsonl").read_bytes() == (tmp_path / "mine.jsonl").read_bytes()
 
 
+async def _ring_case(tmp_path, name: str, ring_bytes: int, sizes: list[int],
+                     yield_every: int = 1):
+    """Hand frames of ``sizes`` to a CaptureProcess with a ring of ``ring_bytes`` and
+    to the in-process writer (yielding to the event loop every ``yield_every`` frames,
+    so the child takes some meanwhile); the files must be byte-for-byte the same."""
+    from kinspect.flows import Flow
+
+    start = time.time_ns()
+    child = CaptureProcess(tmp_path / f"{name}-child.jsonl", CODEC, upstream="u:1",
+                           start_ns=start, ring_bytes=ring_bytes)
+    mine = CaptureWriter(tmp_path / f"{name}-mine.jsonl", CODEC, upstream="u:1",
+                         start_ns=start)
+    try:
+        for i, size in enumerate(sizes):
+            body = (bytes([i % 251]) * size)[:size]
+            flow = Flow(i + 1, 1, "c:1", "u:1", 0, 9, i, "Produce", body, start + i)
+            flow.response = bytes([(i + 7) % 251]) * (size // 3)
+            flow.response_sent = flow.response + b"rewritten"  # two pieces in one message
+            flow.response_ns = start + i + 1
+            flow.flags.add("decode-skipped")
+            for w in (child, mine):
+                w.on_request(flow)
+                w.on_flow(flow)
+            if i % yield_every == 0:
+                await asyncio.sleep(0.002)
+    finally:
+        await child.aclose()
+        mine.close()
+    assert child.lines == mine.lines == 1 + 2 * len(sizes)
+    assert (tmp_path / f"{name}-child.jsonl").read_bytes() == \
+        (tmp_path / f"{name}-mine.jsonl").read_bytes()
+    return child
+
+
+async def test_capture_process_ring_wraps_around_and_loses_nothing(tmp_path):
+    """Frames travel through the shared-memory ring many times round (uneven sizes,
+    so frames and the sent copy of a response straddle the ring's end); the capture
+    is exactly what the in-process writer writes."""
+    sizes = [1, 1000, 70_000, 5, 33_333, 65_536, 12_345, 0, 99_999] * 12
+    child = await _ring_case(tmp_path, "wrap", 1 << 17, sizes)
+    if child.ring_bytes == 0:
+        pytest.fail("no shared-memory ring on this system (memfd_create unavailable)")
+    assert child.ring_frames > 0
+    ring_total = sum(sizes) + sum(2 * (s // 3) + 9 for s in sizes)
+    assert ring_total > 10 * child.ring_bytes  # round many times
+
+
+async def test_capture_process_without_room_in_the_ring_uses_the_pipe(tmp_path):
+    """A frame larger than the room left in the ring (the child behind, or the
+    ring too small for it) goes through the pipe instead, in its place in the
+    order; with no yield the child never catches up, so later frames find the ring
+    full."""
+    sizes = [40_000] * 30
+    child = await _ring_case(tmp_path, "full", 1 << 16, sizes, yield_every=10 ** 9)
+    assert 0 < child.ring_frames < 2 * len(sizes)
+    big = await _ring_case(tmp_path, "big", 1 << 12, [10_000] * 4)
+    assert big.ring_frames == 0
+
+
+async def test_capture_process_without_a_ring(tmp_path):
+    """``ring_bytes=0``: every frame goes through the pipe, the file is the same."""
+    child = await _ring_case(tmp_path, "none", 0, [1, 70_000, 0, 5_000])
+    assert child.ring_bytes == 0 and child.ring_frames == 0
+
+
 async def test_capture_process_that_dies_stops_the_capture_not_the_proxy(tmp_path, caplog):
     """If the child is killed, handing frames on neither raises nor blocks: the
     capture stops with one logged error and closing still works."""
