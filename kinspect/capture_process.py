@@ -33,15 +33,16 @@ the proxy how much room there is.
 Guarantees:
 
 * Complete while both run: nothing handed on is dropped. When the child falls
-  behind, the bytes waiting for it count in :attr:`CaptureProcess.backlog_bytes`,
-  which the pipeline adds to its own backlog, so the proxy pauses reading
+  behind, the bytes waiting for it (queued for the pipe, or in the ring and not
+  yet copied out) count in :attr:`CaptureProcess.backlog_bytes`, which the pipeline adds to its own backlog, so the proxy pauses reading
   (``Proxy.overload``) instead of queuing without bound (see
   :class:`~kinspect.proxy.pipeline.Pipeline`). If the child dies, the capture stops
   there (one logged error) and the proxy goes on.
 * Whole lines: the child flushes whole lines only, and on end of input (the proxy
   closed the pipe, or exited, even by SIGKILL) it writes everything it received and
-  closes the file; frames still queued in a killed proxy (at most the last
-  ``BATCH_DELAY`` seconds' or ``BATCH_BYTES``) are lost. The child runs
+  closes the file (frames in the ring included: its memory lives as long as
+  the child maps it); frames whose headers were still queued in a killed proxy (at
+  most the last ``BATCH_DELAY`` seconds' or ``BATCH_BYTES``) are lost. The child runs
   in its own session, so a Ctrl-C meant for the proxy does not cut it short.
 """
 
@@ -100,8 +101,8 @@ class CaptureProcess(CaptureHooks):
         frames: frame lines handed to the child so far.
         lines, redacted, paths: as the child reports them when closed (before that:
             0, 0 and the first part's path).
-        backlog_bytes: bytes handed on but not yet written to the pipe (headers, and
-            frames not in the ring).
+        backlog_bytes: bytes handed on but not yet taken by the child (queued for the
+            pipe, or in the ring and not yet copied out by the child).
         ring_bytes: size of the ring in use (0 when there is none).
         ring_frames: frames whose bytes went through the ring.
         pause_bytes: backlog beyond which the pipeline pauses the proxy (16 MiB), so
@@ -123,9 +124,10 @@ class CaptureProcess(CaptureHooks):
         self.lines = 0
         self.redacted = 0
         self.paths: list[Path] = [self.path]
-        self.backlog_bytes = 0
         self.pause_bytes = 16 << 20
         self.ring_frames = 0
+        #: bytes queued for the pipe (headers, and frames that are not in the ring)
+        self._queued = 0
         self._closed = False
         codec = codec or Codec()
         sources = [{"path": s.path, "kind": s.kind, "origin": s.origin}
@@ -133,6 +135,8 @@ class CaptureProcess(CaptureHooks):
         config = {"path": str(self.path), "upstream": upstream, "listen": listen,
                   "secrets": secrets, "max_bytes": max_bytes, "sources": sources,
                   "start_ns": start_ns if start_ns is not None else time.time_ns()}
+        if not isinstance(ring_bytes, int) or ring_bytes < 0:
+            raise ValueError(f"ring_bytes must be an int >= 0, not {ring_bytes!r}")
         ring = _open_ring(ring_bytes)
         ring_fd = ring[0] if ring else -1
         self._ring: mmap.mmap | None = ring[1] if ring else None
@@ -141,8 +145,15 @@ class CaptureProcess(CaptureHooks):
         self._put = 0
         #: the child's count of ring bytes taken, as last read
         self._taken = 0
+        #: bytes handed on after which the pipe is written (a ring smaller than two
+        #: batches would otherwise fill before the child hears of its contents)
+        self._batch_limit = min(BATCH_BYTES, self.ring_bytes // 2) if ring else BATCH_BYTES
         config["ring"] = [ring_fd, self.ring_bytes] if ring else None
-        r, w = os.pipe()
+        try:
+            r, w = os.pipe()
+        except BaseException:
+            self._close_ring(ring_fd)
+            raise
         _grow_pipe(w)
         # the child imports this very kinspect, wherever it was imported from
         env = dict(os.environ)
@@ -153,10 +164,12 @@ class CaptureProcess(CaptureHooks):
                 [sys.executable, "-m", "kinspect.capture_process", json.dumps(config)],
                 stdin=r, stdout=subprocess.PIPE, stderr=None, start_new_session=True,
                 env=env, pass_fds=(ring_fd,) if ring else ())
-        except OSError as e:
+        except BaseException as e:
             os.close(r)
             os.close(w)
             self._close_ring(ring_fd)
+            if not isinstance(e, OSError):
+                raise
             raise CaptureError(f"cannot start the capture process: {e}", self.path) from None
         os.close(r)
         if ring:
@@ -171,6 +184,13 @@ class CaptureProcess(CaptureHooks):
             self._close_ring()
             reason = ready.decode(errors="replace").strip() or "it exited without a word"
             raise CaptureError(f"capture process failed: {reason}", self.path)
+        if ready.strip() != b"ready" and self._ring is not None:
+            # the child could not map the ring ("ready without-ring"): pipe only
+            log.warning("capture process: %s; frames go through the pipe",
+                        ready.decode(errors="replace").strip())
+            self._close_ring()
+            self.ring_bytes = 0
+            self._batch_limit = BATCH_BYTES
         os.set_blocking(w, False)
         #: pieces handed on and not yet in the pipe
         self._out: list = []
@@ -194,10 +214,10 @@ class CaptureProcess(CaptureHooks):
             self._ring_write(payload)
             self.ring_frames += 1
             self._out += (_HDR.pack(len(h), 0, n), h)
-            self.backlog_bytes += 12 + len(h)
+            self._queued += 12 + len(h)
         else:
             self._out += (_HDR.pack(len(h), n, 0), h, *payload)
-            self.backlog_bytes += 12 + len(h) + n
+            self._queued += 12 + len(h) + n
         self._batch += 12 + len(h) + n
         try:
             loop = asyncio.get_running_loop()
@@ -210,17 +230,33 @@ class CaptureProcess(CaptureHooks):
             self._forget_loop()
             self._loop = loop
         if not self._scheduled and not self._watching:
-            if self._batch >= BATCH_BYTES:
+            if self._batch >= self._batch_limit:
                 self._scheduled = True
                 loop.call_soon(self._write)
             elif self._timer is None:
                 self._timer = loop.call_later(BATCH_DELAY, self._on_timer)
         return True
 
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes handed on that the child has not taken yet: queued for the pipe, plus
+        those in the ring it has not copied out (read afresh: the child takes them
+        on its own, with no event on this side to tell)."""
+        if self._ring is None:
+            return self._queued
+        return self._queued + self.ring_bytes - self._ring_room()
+
     def _ring_room(self) -> int:
         """Bytes of the ring free now (the child's count is read until two reads
-        agree, so a torn read is never believed)."""
+        agree, so a torn read is never believed).
+
+        The child stores its count after copying the bytes out, in program order;
+        the proxy only reuses room the count gives back. CPUs commit stores in order
+        after the loads before them (x86-64 guarantees it; weaker memory models
+        allow otherwise in theory, not in the cores Python runs on)."""
         ring = self._ring
+        if ring is None:  # closed (or never there): nothing waits in it
+            return self.ring_bytes
         unpack = _TAKEN.unpack_from
         a = unpack(ring, 0)[0]
         while True:
@@ -256,6 +292,7 @@ class CaptureProcess(CaptureHooks):
         if self._ring is not None:
             self._ring.close()
             self._ring = None
+        self._taken = self._put  # the child has taken everything, or never will
 
     def _forget_loop(self) -> None:
         old = self._loop
@@ -297,7 +334,7 @@ class CaptureProcess(CaptureHooks):
             while out:
                 chunk = len(out) if len(out) < _IOV_MAX else _IOV_MAX
                 n = os.writev(self._fd, out[:chunk])
-                self.backlog_bytes -= n
+                self._queued -= n
                 i = _advance(out, 0, n)
                 del out[:i]
                 if i < chunk:  # the pipe is full
@@ -308,7 +345,7 @@ class CaptureProcess(CaptureHooks):
             self._fail(e)
             return False
         finally:
-            self._batch = self.backlog_bytes
+            self._batch = self._queued
         return True
 
     def _write_blocking(self) -> None:
@@ -322,8 +359,9 @@ class CaptureProcess(CaptureHooks):
     def _fail(self, e: BaseException) -> None:
         self._broken = True
         self._out.clear()
-        self.backlog_bytes = 0
+        self._queued = 0
         self._batch = 0
+        self._taken = self._put  # nothing in the ring will be taken any more
         log.error("capture process stopped taking frames (%s); the capture ends here", e)
 
     def write_frame(self, flow: Flow, direction: str, frame: bytes, sent: bytes | None,
@@ -440,13 +478,21 @@ def _child(config: dict[str, Any]) -> int:
         out.write(f"error: {e}\n".encode())
         out.flush()
         return 1
-    out.write(b"ready\n")
-    out.flush()
     ring = None
+    ready = b"ready\n"
     if config.get("ring"):
         fd, size = config["ring"]
-        ring = _Ring(mmap.mmap(fd, _RING_DATA + size), size)
-        os.close(fd)
+        try:
+            ring = _Ring(mmap.mmap(fd, _RING_DATA + size), size)
+        except (OSError, ValueError, OverflowError) as e:  # the proxy then uses the pipe only
+            ready = f"ready without-ring: cannot map the ring: {e}\n".encode()
+        finally:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    out.write(ready)
+    out.flush()
     try:
         torn = _copy_input(writer, ring)
     finally:  # whatever happened, the lines received so far reach the file

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -720,7 +721,9 @@ async def test_capture_process_ring_wraps_around_and_loses_nothing(tmp_path):
     sizes = [1, 1000, 70_000, 5, 33_333, 65_536, 12_345, 0, 99_999] * 12
     child = await _ring_case(tmp_path, "wrap", 1 << 17, sizes)
     if child.ring_bytes == 0:
-        pytest.fail("no shared-memory ring on this system (memfd_create unavailable)")
+        if sys.platform != "linux":
+            pytest.skip("the shared-memory ring needs Linux's memfd_create")
+        pytest.fail("no shared-memory ring on Linux (memfd_create or mmap failed)")
     assert child.ring_frames > 0
     ring_total = sum(sizes) + sum(2 * (s // 3) + 9 for s in sizes)
     assert ring_total > 10 * child.ring_bytes  # round many times
@@ -738,10 +741,66 @@ async def test_capture_process_without_room_in_the_ring_uses_the_pipe(tmp_path):
     assert big.ring_frames == 0
 
 
-async def test_capture_process_without_a_ring(tmp_path):
-    """``ring_bytes=0``: every frame goes through the pipe, the file is the same."""
+async def test_capture_process_without_a_ring(tmp_path, monkeypatch, caplog):
+    """``ring_bytes=0``: every frame goes through the pipe, the file is the same. So
+    too when the child cannot map the ring (here it is handed a pipe, which has no
+    memory to map): it says so when it starts and the proxy side uses the pipe only,
+    instead of losing the capture."""
+    import mmap
+
+    from kinspect import capture_process
+
     child = await _ring_case(tmp_path, "none", 0, [1, 70_000, 0, 5_000])
     assert child.ring_bytes == 0 and child.ring_frames == 0
+
+    def unmappable(size):
+        r, w = os.pipe()
+        os.close(w)
+        return r, mmap.mmap(-1, capture_process._RING_DATA + size)
+
+    monkeypatch.setattr(capture_process, "_open_ring", unmappable)
+    with caplog.at_level("WARNING", logger="kinspect.capture"):
+        child = await _ring_case(tmp_path, "unmapped", 1 << 16, [1, 70_000, 0, 5_000])
+    assert child.ring_bytes == 0 and child.ring_frames == 0
+    assert any("cannot map the ring" in r.getMessage() for r in caplog.records)
+
+
+def test_capture_process_ring_size_is_checked(tmp_path):
+    with pytest.raises(ValueError, match="ring_bytes"):
+        CaptureProcess(tmp_path / "c.jsonl", CODEC, ring_bytes=16e6)
+
+
+async def test_capture_process_ring_counts_in_the_backlog(tmp_path):
+    """Bytes in the ring that the child has not taken count in ``backlog_bytes``
+    (the pipeline pauses the proxy on it): with the child stopped, what was handed on
+    stays counted, whether it went into the ring or is queued for the pipe; once
+    the child runs again it falls to 0 with no further frame handed on."""
+    import signal as _signal
+
+    from kinspect.flows import Flow
+
+    child = CaptureProcess(tmp_path / "child.jsonl", CODEC, ring_bytes=1 << 20)
+    try:
+        os.kill(child._proc.pid, _signal.SIGSTOP)
+        sent = 0
+        for i in range(40):
+            body = bytes([i]) * 50_000
+            child.on_request(Flow(i + 1, 1, "c:1", "u:1", 0, 9, i, "Produce", body, i))
+            sent += len(body)
+            await asyncio.sleep(0.002)
+        assert 0 < child.ring_frames < 40  # the ring filled up; the rest took the pipe
+        # (what the pipe holds counts as taken, as it always has: at most its 1 MiB)
+        assert child.backlog_bytes >= child.ring_frames * 50_000 > 0
+        assert child.backlog_bytes >= sent - (1 << 20) - 40 * 200
+        os.kill(child._proc.pid, _signal.SIGCONT)
+        deadline = time.monotonic() + 20
+        while child.backlog_bytes:
+            assert time.monotonic() < deadline, f"{child.backlog_bytes} bytes never taken"
+            await asyncio.sleep(0.01)
+    finally:
+        os.kill(child._proc.pid, _signal.SIGCONT)
+        await child.aclose()
+    assert child.frames == 40 and child.lines == 41
 
 
 async def test_capture_process_that_dies_stops_the_capture_not_the_proxy(tmp_path, caplog):
@@ -831,7 +890,11 @@ async def test_capture_process_hands_small_frames_on_after_the_batch_delay(tmp_p
         await asyncio.sleep(0.001)
         assert child.backlog_bytes > 0  # still batching
         await asyncio.sleep(capture_process.BATCH_DELAY * 3)
-        assert child.backlog_bytes == 0 and child._timer is None
+        assert child._queued == 0 and child._timer is None  # all in the pipe
+        deadline = time.monotonic() + 10
+        while child.backlog_bytes:  # and the child copies what is in the ring out
+            assert time.monotonic() < deadline, "the child did not take the frames"
+            await asyncio.sleep(0.005)
     finally:
         await child.aclose()
     assert child.frames == 5 and child.lines == 6
