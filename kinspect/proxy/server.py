@@ -894,7 +894,12 @@ def _nodelay(tr: asyncio.BaseTransport) -> None:
 
 
 def install_uvloop() -> bool:
-    """Use uvloop's event loop policy when uvloop is installed; return whether it is."""
+    """Set this process up to run a proxy: uvloop's event loop policy when uvloop is
+    installed (returns whether it is), and malloc settings that keep large frames'
+    memory for reuse (:func:`kinspect.heap.keep_frame_memory`)."""
+    from ..heap import keep_frame_memory
+
+    keep_frame_memory()
     try:
         import uvloop
     except ImportError:
