@@ -83,7 +83,7 @@ BATCH_BYTES = 256 << 10
 #: seconds after which frames handed on are written to the pipe, however few
 BATCH_DELAY = 0.01
 #: bytes of the shared-memory ring frames travel through to the child (Linux)
-RING_BYTES = 16 << 20
+RING_BYTES = 32 << 20
 
 
 class CaptureProcess(CaptureHooks):
