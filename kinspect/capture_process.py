@@ -440,7 +440,11 @@ def _grow_pipe(fd: int) -> None:
 
 def _open_ring(size: int) -> tuple[int, mmap.mmap] | None:
     """A ``memfd`` of ``size`` ring bytes (plus the count) and its mapping, or
-    ``None`` where there is none (not Linux, no memfd, ``size`` 0)."""
+    ``None`` where there is none (not Linux, no memfd, ``size`` 0).
+
+    The memory is allocated and mapped in full now (``posix_fallocate``,
+    ``MAP_POPULATE``), so that no page of the ring is faulted in while traffic
+    flows."""
     if size <= 0 or not hasattr(os, "memfd_create"):
         return None
     try:
@@ -449,10 +453,21 @@ def _open_ring(size: int) -> tuple[int, mmap.mmap] | None:
         return None
     try:
         os.ftruncate(fd, _RING_DATA + size)
-        return fd, mmap.mmap(fd, _RING_DATA + size)
-    except (OSError, ValueError):
+        try:
+            os.posix_fallocate(fd, 0, _RING_DATA + size)
+        except (OSError, AttributeError):  # not supported here: pages come on first use
+            pass
+        return fd, _map(fd, _RING_DATA + size)
+    except (OSError, ValueError, OverflowError):
         os.close(fd)
         return None
+
+
+def _map(fd: int, length: int) -> mmap.mmap:
+    """A shared read-write mapping of ``fd``, its pages mapped at once where the
+    system can (``MAP_POPULATE``)."""
+    flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(fd, length, flags=flags, prot=mmap.PROT_READ | mmap.PROT_WRITE)
 
 
 def _readable(fh: Any, timeout: float) -> bool:
@@ -486,7 +501,7 @@ def _child(config: dict[str, Any]) -> int:
     if config.get("ring"):
         fd, size = config["ring"]
         try:
-            ring = _Ring(mmap.mmap(fd, _RING_DATA + size), size)
+            ring = _Ring(_map(fd, _RING_DATA + size), size)
         except (OSError, ValueError, OverflowError) as e:  # the proxy then uses the pipe only
             ready = f"ready without-ring: cannot map the ring: {e}\n".encode()
         finally:
