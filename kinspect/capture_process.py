@@ -41,8 +41,10 @@ Guarantees:
 * Whole lines: the child flushes whole lines only, and on end of input (the proxy
   closed the pipe, or exited, even by SIGKILL) it writes everything it received and
   closes the file (frames in the ring included: its memory lives as long as
-  the child maps it); frames whose headers were still queued in a killed proxy (at
-  most the last ``BATCH_DELAY`` seconds' or ``BATCH_BYTES``) are lost. The child runs
+  the child maps it). A killed proxy loses what it had not handed on yet: frames
+  whose headers were still queued (at most the last ``BATCH_DELAY`` seconds' or
+  ``BATCH_BYTES``) and, before that, flows still in the pipeline's batch (see
+  :class:`~kinspect.proxy.pipeline.Pipeline`: up to its ``delay``). The child runs
   in its own session, so a Ctrl-C meant for the proxy does not cut it short.
 """
 
