@@ -260,12 +260,15 @@ class CaptureProcess(CaptureHooks):
         if ring is None:  # closed (or never there): nothing waits in it
             return self.ring_bytes
         unpack = _TAKEN.unpack_from
-        a = unpack(ring, 0)[0]
-        while True:
-            b = unpack(ring, 0)[0]
-            if a == b:
-                break
-            a = b
+        try:
+            a = unpack(ring, 0)[0]
+            while True:
+                b = unpack(ring, 0)[0]
+                if a == b:
+                    break
+                a = b
+        except ValueError:  # closed meanwhile by close() on another thread
+            return self.ring_bytes
         if self._taken < a <= self._put:  # it only grows, and never past what was put
             self._taken = a
         return self.ring_bytes - (self._put - self._taken)
@@ -291,10 +294,10 @@ class CaptureProcess(CaptureHooks):
     def _close_ring(self, fd: int = -1) -> None:
         if fd >= 0:
             os.close(fd)
-        if self._ring is not None:
-            self._ring.close()
-            self._ring = None
+        ring, self._ring = self._ring, None  # (gone for the loop thread before it closes)
         self._taken = self._put  # the child has taken everything, or never will
+        if ring is not None:
+            ring.close()
 
     def _forget_loop(self) -> None:
         old = self._loop
