@@ -9,7 +9,8 @@ once more than twice the threshold is free there. A stream of megabyte frames ke
 landing on both: each buffer then comes on fresh pages, which the kernel faults in
 and zeroes one by one, and on a virtual machine whose host backs guest memory on
 first touch that costs far more than the copy itself (measured in BENCHMARKS.md,
-Proxy: the capture child's system time fell from 0.23 to 0.07 s per 200 MB).
+Proxy: the capture child's system time fell from 0.19–0.21 s to 0.08–0.09 s per
+200 MB).
 
 :func:`keep_frame_memory` fixes both limits instead: blocks up to
 :data:`MMAP_THRESHOLD` come from the heap, and up to :data:`TRIM_THRESHOLD` of free
