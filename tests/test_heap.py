@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from kinspect.heap import _is_glibc
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Rounds of eight ~1.3 MB buffers alive at once, then all freed: the pattern of a
@@ -40,13 +42,6 @@ def _probe(malloc: str) -> dict:
     return json.loads(out.stdout)
 
 
-def _glibc() -> bool:
-    try:
-        return os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc")
-    except (ValueError, OSError, AttributeError):
-        return False
-
-
 def _huge_pages_always() -> bool:
     try:
         return "[always]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
@@ -54,7 +49,7 @@ def _huge_pages_always() -> bool:
         return False
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or not _glibc(),
+@pytest.mark.skipif(not sys.platform.startswith("linux") or not _is_glibc(),
                     reason="malloc settings apply to glibc only")
 def test_frame_sized_buffers_reuse_the_heap_instead_of_fresh_pages():
     """With the settings, freed frame-sized buffers are reused: the second pass of
