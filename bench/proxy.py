@@ -18,6 +18,9 @@ workload (confluent-kafka, acks=1, linger.ms=5) in each mode:
     kinspect forwarding and pairing only (``--no-decode``); kinspect without
     address rewriting (Tansu then advertises the proxy's address, as for the
     forwarder), which shows what holding responses for the rewrite check costs.
+``kinspect-capture``, ``kinspect-view`` (only with ``--modes``)
+    kinspect-full with only one of its two extras: capture without the live view,
+    the live view without capture; they split kinspect-full's cost between them.
 
 Every measurement uses a fresh broker, a fresh proxy process and a fresh client
 process: broker, proxy and clients are separate processes. The workload, per
@@ -67,7 +70,8 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 MODES = ("direct", "forwarder", "kinspect", "kinspect-full")
-ALL_MODES = MODES + ("kinspect-nodecode", "kinspect-norewrite")
+ALL_MODES = MODES + ("kinspect-nodecode", "kinspect-norewrite", "kinspect-capture",
+                     "kinspect-view")
 SMALL, LARGE = 100, 10 * 1024
 BLOCK_START = "<!-- bench/proxy.py results: start -->"
 BLOCK_END = "<!-- bench/proxy.py results: end -->"
@@ -199,6 +203,8 @@ def serve(args: argparse.Namespace) -> int:
 
     install_uvloop()
     full = args.mode == "kinspect-full"
+    with_capture = full or args.mode == "kinspect-capture"
+    with_view = full or args.mode == "kinspect-view"
     info: dict[str, Any] = {"capture": None}
 
     async def main() -> None:
@@ -208,7 +214,7 @@ def serve(args: argparse.Namespace) -> int:
                                   listen=parse_hostport(args.listen),
                                   rewrite=args.mode != "kinspect-norewrite"), codec, pipeline)
         view = capture = None
-        if full:
+        if with_capture:
             from kinspect.capture_process import CaptureProcess
 
             # what `kinspect proxy --capture` uses
@@ -216,6 +222,7 @@ def serve(args: argparse.Namespace) -> int:
                                      listen=args.listen)
             info["capture"] = "kinspect.capture_process.CaptureProcess"
             pipeline.add(capture)
+        if with_view:
             from rich.console import Console
 
             from kinspect.tui import LiveView

@@ -62,23 +62,35 @@ def flow_line(flow: Flow, topic_ids: TopicIds | None = None) -> str:
 
 
 class _Rate:
-    """Events per second over a sliding window."""
+    """Events (or bytes) per second over a sliding window of ``window`` seconds.
 
-    def __init__(self, window: float = 5.0):
+    Samples are summed into buckets of ``bucket`` seconds, and the window's total is
+    kept as it changes, so both memory and the cost of :meth:`rate` stay constant
+    however many events arrive (a redraw holds the GIL the forwarding loop needs).
+    """
+
+    def __init__(self, window: float = 5.0, bucket: float = 0.1):
         self.window = window
-        self.samples: deque[tuple[float, float]] = deque()
+        self.bucket = bucket
+        self.buckets: deque[list[float]] = deque()  # [bucket start, sum], oldest first
+        self.total = 0.0
 
     def add(self, now: float, value: float) -> None:
-        self.samples.append((now, value))
+        b = self.buckets
+        if b and now - b[-1][0] < self.bucket:
+            b[-1][1] += value
+        else:
+            b.append([now, value])
+        self.total += value
 
     def rate(self, now: float) -> float:
-        s = self.samples
-        while s and s[0][0] < now - self.window:
-            s.popleft()
-        if not s:
+        b = self.buckets
+        while b and b[0][0] < now - self.window:
+            self.total -= b.popleft()[1]
+        if not b:
+            self.total = 0.0  # no drift from float sums once the window empties
             return 0.0
-        span = max(now - s[0][0], 1.0)
-        return sum(v for _, v in s) / span
+        return self.total / max(now - b[0][0], 1.0)
 
 
 class LiveView:

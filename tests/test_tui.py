@@ -9,7 +9,7 @@ from rich.console import Console
 from clients import roundtrip_async
 from kinspect.filters import parse
 from kinspect.show import COLUMNS
-from kinspect.tui import LinePrinter, LiveView
+from kinspect.tui import LinePrinter, LiveView, _Rate
 from proxyutil import bootstrap_of, running_proxy
 
 
@@ -82,6 +82,27 @@ def test_live_view_renders_only_what_a_redraw_shows():
     for f in flows[:5]:
         view.on_flow(f)
     assert [r["id"] for r, _ in view.rows][-15:] == [str(f.id) for f in flows[-10:] + flows[:5]]
+
+
+def test_rate_is_per_second_over_its_window_in_constant_memory():
+    """The header's flows/s and bytes/s: events in the last `window` seconds over the
+    time they span (at least 1 s); a burst of many events keeps only a bucket per
+    0.1 s, and events older than the window drop out."""
+    r = _Rate(window=5.0, bucket=0.1)
+    assert r.rate(100.0) == 0.0
+    for i in range(100_000):  # 100,000 events of 2 over 4 s
+        r.add(100.0 + i * 4e-5, 2)
+    assert len(r.buckets) <= 41
+    assert abs(r.rate(104.0) - 200_000 / 4.0) < 1e-6 * 50_000
+    # 3 s later, the first 2 s have left the window: half the events remain, over
+    # the 5 s from the oldest of them
+    rate = r.rate(107.0)
+    assert abs(r.total - 100_000) <= 2 * 2500  # within a bucket (2,500 events)
+    assert abs(rate - 100_000 / 5.0) < 0.03 * 20_000
+    s = _Rate()
+    s.add(10.0, 7)
+    assert s.rate(10.25) == 7.0  # a span under 1 s counts as 1 s
+    assert r.rate(200.0) == 0.0 and r.total == 0.0 and not r.buckets
 
 
 def test_live_view_renders_early_when_waiting_frames_pass_the_budget(monkeypatch):
