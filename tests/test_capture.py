@@ -116,6 +116,46 @@ def test_session_line_and_frame_lines(tmp_path):
     assert not any("frame_sent" in x or "redacted" in x for x in frames)
 
 
+def _expected_line(f: Flow, direction: str, frame: bytes, sent: bytes | None,
+                   ts_ns, flags=None, redacted=False) -> bytes:
+    """A frame line as the format defines it: compact json.dumps of the record."""
+    rec = {"type": "frame", "ts_ns": ts_ns, "conn": f.conn, "dir": direction,
+           "client": f.client, "upstream": f.upstream, "flow": f.id, "api_key": f.api_key,
+           "api_version": f.api_version, "correlation_id": f.correlation_id}
+    if flags:
+        rec["flags"] = flags
+    if redacted:
+        rec["redacted"] = True
+    rec["frame"] = base64.b64encode(frame).decode()
+    if sent is not None:
+        rec["frame_sent"] = base64.b64encode(sent).decode()
+    return json.dumps(rec, separators=(",", ":")).encode() + b"\n"
+
+
+def test_frame_lines_are_byte_for_byte_compact_json(tmp_path):
+    """Frame lines are formatted directly, not through json.dumps of a dict; they
+    must still be exactly that text, whatever the addresses hold (quotes,
+    backslashes, non-ASCII) and for values a proxy never records (None, bool)."""
+    odd = Flow(7, 3, 'h\u00e9"\\:1', "\u30d6\u30ed\u30fc\u30ab\u30fc:9092", 3, 12, -5, "Metadata",
+               request_frame(3, 12, 1, Topics=None), 11)
+    odd.flags = {"unpaired", "closed"}
+    none = Flow(8, 1, None, "u:1", -1, -1, None, "SaslToken", b"\x00\x01", 12)
+    boolish = Flow(9, True, "c:1", "u:1", 3, 12, 4, "Metadata", b"\x00" * 3, 13)
+    path = tmp_path / "cap.jsonl"
+    w = CaptureWriter(path, CODEC, upstream="u:1", listen="l:1", secrets=True)
+    w.write_frame(odd, "req", odd.request, b"other", 2**62)
+    w.write_frame(none, "resp", none.request, None, 5)
+    w.write_frame(boolish, "req", boolish.request, boolish.request, 6)
+    w.close()
+    got = path.read_bytes().splitlines(keepends=True)[1:]
+    assert got == [
+        _expected_line(odd, "req", odd.request, b"other", 2**62, ["closed", "unpaired"]),
+        _expected_line(none, "resp", none.request, None, 5),
+        _expected_line(boolish, "req", boolish.request, None, 6),
+    ]
+    assert json.loads(got[0])["client"] == 'h\u00e9"\\:1'
+
+
 def test_gzip_capture_reads_back(tmp_path):
     flows = metadata_flows(4)
     path = tmp_path / "cap.jsonl.gz"
