@@ -540,17 +540,20 @@ class _Ring:
         self.size = size
         self.taken = 0
 
-    def take(self, n: int) -> bytes:
-        """The next ``n`` bytes (a copy); the room is given back at once."""
+    def peek(self, n: int) -> memoryview | bytes:
+        """The next ``n`` bytes: a view into the ring where they lie in one piece (no
+        copy), else a copy of the two pieces. Their room is given back by
+        :meth:`release` (``n`` again), once nothing uses the view any more."""
         mem, size = self.mem, self.size
         p = self.taken % size
         if p + n <= size:
-            data = mem[_RING_DATA + p:_RING_DATA + p + n]
-        else:
-            data = mem[_RING_DATA + p:_RING_DATA + size] + mem[_RING_DATA:_RING_DATA + n - size + p]
+            return memoryview(mem)[_RING_DATA + p:_RING_DATA + p + n]
+        return mem[_RING_DATA + p:_RING_DATA + size] + mem[_RING_DATA:_RING_DATA + n - size + p]
+
+    def release(self, n: int) -> None:
+        """Give the room of the next ``n`` bytes back to the proxy."""
         self.taken += n
-        _TAKEN.pack_into(mem, 0, self.taken)
-        return data
+        _TAKEN.pack_into(self.mem, 0, self.taken)
 
 
 def _copy_input(writer: Any, ring: _Ring | None = None) -> int:
@@ -580,11 +583,19 @@ def _copy_input(writer: Any, ring: _Ring | None = None) -> int:
                     if ring is None:
                         raise CaptureError("a frame in a ring this process does not have",
                                            writer.path)
-                    payload = ring.take(rlen)
+                    payload = ring.peek(rlen)
                 else:
-                    payload = bytes(view[pos + 12 + hlen:end])
+                    payload = view[pos + 12 + hlen:end]
                 pos = end
-                _apply(writer, header, payload)
+                # the line is made from views of the ring or of the input buffer (the
+                # base64 is the only copy); nothing keeps them past the call
+                try:
+                    _apply(writer, header, payload)
+                finally:
+                    if isinstance(payload, memoryview):
+                        payload.release()
+                    if rlen:
+                        ring.release(rlen)
         finally:
             view.release()
         if pos:
@@ -592,7 +603,7 @@ def _copy_input(writer: Any, ring: _Ring | None = None) -> int:
             pos = 0
 
 
-def _apply(writer: Any, h: tuple, payload: bytes) -> None:
+def _apply(writer: Any, h: tuple, payload: memoryview | bytes) -> None:
     if h[0] == "c":
         _, event, ts, conn_id, client, upstream = h
         conn = _Conn()
