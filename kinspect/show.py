@@ -148,36 +148,40 @@ def records_fields(body: Any, topic_ids: TopicIds | None = None) -> list[Records
     ``entityType: topicName``, or a ``TopicId`` resolved by ``topic_ids``) and the
     partition index beside it."""
     out: list[RecordsField] = []
-
-    def visit(s: Any, path: str, topic: str | None) -> None:
-        names, walk = _records_plan(s._spec)
-        part = None
-        for kind, name in names:
-            v = getattr(s, name)
-            if kind == _TOPIC:
-                if isinstance(v, str) and v:
-                    topic = v
-            elif kind == _TOPIC_ID:
-                if v and any(v) and not topic:
-                    resolved = topic_ids.name(v) if topic_ids is not None else None
-                    topic = resolved or uuid_to_text(bytes(v))
-            else:
-                part = v
-        for name, is_records, is_array in walk:
-            v = getattr(s, name)
-            p = f"{path}.{name}" if path else name
-            if is_records:
-                out.append(RecordsField(p, topic, part, None if v is None else bytes(v)))
-            elif v is not None:
-                if is_array:
-                    for i, item in enumerate(v):
-                        visit(item, f"{p}[{i}]", topic)
-                else:
-                    visit(v, p, topic)
-
     if body is not None and hasattr(body, "_spec"):
-        visit(body, "", None)
+        _visit_records(body, "", None, topic_ids, out)
     return out
+
+
+def _visit_records(s: Any, path: str, topic: str | None, topic_ids: TopicIds | None,
+                   out: list[RecordsField]) -> None:
+    # a module function, not a closure calling itself: such a closure is a reference
+    # cycle that kept `out`, and so every records field's bytes, alive until the
+    # cyclic GC ran (the live view's proxy grew by ~100 MB at 1 MB Produce requests)
+    names, walk = _records_plan(s._spec)
+    part = None
+    for kind, name in names:
+        v = getattr(s, name)
+        if kind == _TOPIC:
+            if isinstance(v, str) and v:
+                topic = v
+        elif kind == _TOPIC_ID:
+            if v and any(v) and not topic:
+                resolved = topic_ids.name(v) if topic_ids is not None else None
+                topic = resolved or uuid_to_text(bytes(v))
+        else:
+            part = v
+    for name, is_records, is_array in walk:
+        v = getattr(s, name)
+        p = f"{path}.{name}" if path else name
+        if is_records:
+            out.append(RecordsField(p, topic, part, None if v is None else bytes(v)))
+        elif v is not None:
+            if is_array:
+                for i, item in enumerate(v):
+                    _visit_records(item, f"{p}[{i}]", topic, topic_ids, out)
+            else:
+                _visit_records(v, p, topic, topic_ids, out)
 
 
 _TOPIC, _TOPIC_ID, _PARTITION = range(3)

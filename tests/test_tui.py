@@ -121,6 +121,27 @@ def test_live_view_renders_early_when_waiting_frames_pass_the_budget(monkeypatch
     assert [r["id"] for r, _ in view.rows] == [str(f.id) for f in flows]
 
 
+def test_large_flows_are_rendered_on_arrival_and_keep_their_place(monkeypatch):
+    """A flow of RENDER_AT_ONCE bytes or more waits as its row (its frames let go at
+    once), among small flows that wait unrendered; the rows come out in flow order
+    and only small flows count toward the byte budget."""
+    import kinspect.tui as tui
+
+    small, large = _flows(6), _flows(3, value_size=2000)
+    monkeypatch.setattr(tui, "RENDER_AT_ONCE", len(large[0].request) + len(large[0].response))
+    console = Console(file=io.StringIO(), width=200, height=30, force_terminal=False)
+    view = LiveView(object(), console=console, keep=50)
+    order = [small[0], large[0], small[1], small[2], large[1], small[3], large[2], small[4],
+             small[5]]
+    for f in order:
+        view.on_flow(f)
+    assert [type(x) is tuple for x in view._pending] == [f in large for f in order]
+    assert view._pending_bytes == sum(len(f.request) + len(f.response) for f in small)
+    assert [(r["id"], r["req_bytes"]) for r, _ in view.rows] == [
+        (str(f.id), str(len(f.request))) for f in order]
+    assert not view._pending and view._pending_bytes == 0
+
+
 def test_a_flow_that_cannot_be_rendered_is_logged_and_the_view_goes_on(monkeypatch, caplog):
     import kinspect.tui as tui
 
