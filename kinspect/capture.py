@@ -84,6 +84,7 @@ from . import __version__
 from .codec import Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
 from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
+from .pagecache import DropBehind
 from .units import parse_size
 
 try:  # SIMD base64 (some 30x binascii's speed): frames are most of a capture's bytes
@@ -457,6 +458,7 @@ class CaptureWriter(CaptureHooks):
         p.parent.mkdir(parents=True, exist_ok=True)
         raw = open(p, "wb", buffering=0)
         self._raw = raw
+        self._drop = DropBehind(raw.fileno())
         self._fh = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if self.gzip \
             else raw
         self._part = part
@@ -469,6 +471,7 @@ class CaptureWriter(CaptureHooks):
         self._write_pending()
         if self._fh is not self._raw:
             self._fh.close()
+        self._drop.close()
         self._raw.close()
 
     # -- buffering -------------------------------------------------------------
@@ -536,11 +539,17 @@ class CaptureWriter(CaptureHooks):
         parts = self._pending
         self._pending = []
         fh = self._fh
+        fd = self._raw.fileno()
         if fh is self._raw:
-            _writev_all(fh.fileno(), parts)
+            _writev_all(fd, parts)
         else:
             fh.write(b"".join(parts))
             fh.flush(zlib.Z_SYNC_FLUSH)
+        try:
+            end = os.lseek(fd, 0, os.SEEK_CUR)
+        except OSError:  # not seekable (a pipe): nothing to drop
+            return
+        self._drop.wrote(end)
 
     def flush(self) -> None:
         """Write every buffered line to the file now (whole lines only)."""
