@@ -585,6 +585,26 @@ def report(data: dict[str, Any]) -> str:
             f"| {r['consume_small_msgs']:,.0f}{ratio(m, 'consume_small_msgs')} "
             f"| {r['consume_large_mb']:.1f}{ratio(m, 'consume_large_mb')} "
             f"| {p50} | {r['lat_p99']:.0f} | {cpu} |")
+    if base is not None and len(modes) > 1:
+        # each round runs every mode back to back: a mode's ratio to direct within a
+        # round cancels what drifts between rounds (load, the VM's memory)
+        lines.append("")
+        lines.append("Paired by round: each mode's ratio to direct in the same round, median "
+                     "(lowest–highest) over the rounds.")
+        lines.append("")
+        lines.append("| mode | produce 100 B | produce 10 KiB | consume 100 B | consume 10 KiB |")
+        lines.append("|---|---|---|---|---|")
+        for m in modes:
+            if m == "direct":
+                continue
+            cells = []
+            for key in ("produce_small_msgs", "produce_large_mb", "consume_small_msgs",
+                        "consume_large_mb"):
+                rs = [_metrics(a)[key] / _metrics(b)[key]
+                      for a, b in zip(data["raw"][m], data["raw"]["direct"]) if _metrics(b)[key]]
+                cells.append(f"×{statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f})"
+                             if rs else "-")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
     if data.get("memory"):
         lines.append("")
         lines.append(f"| mode | RSS at start MiB | KiB per idle connection ({args['idle']}) | "
