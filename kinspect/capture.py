@@ -290,16 +290,21 @@ def _b64(b: bytes) -> bytes:
 
 
 _FRAME_KEY = b',"frame":"'
+_SENT_KEY = b',"frame_sent":"'
+try:
+    _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
+except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
+    _IOV_MAX = 16
 #: a frame line's first members, as ``json.dumps(..., separators=(",", ":"))`` writes
 #: them (the test suite checks that they agree)
 _FRAME_HEAD = ('{"type":"frame","ts_ns":%d,"conn":%d,"dir":%s,"client":%s,"upstream":%s,'
                '"flow":%d,"api_key":%d,"api_version":%d,"correlation_id":%d')
-_JSON_TEXT: dict[Any, str] = {}
+_JSON_TEXT: dict[str | None, str] = {}
 
 
-def _json_text(v: Any) -> str:
-    """``json.dumps(v)`` for the few addresses and directions a capture repeats on
-    every line (remembered, up to 4,096 of them)."""
+def _json_text(v: str | None) -> str:
+    """``json.dumps(v)`` of a string (or ``None``) a capture repeats on every line:
+    addresses and directions (remembered, up to 4,096 of them)."""
     t = _JSON_TEXT.get(v)
     if t is None:
         if len(_JSON_TEXT) >= 4096:
@@ -311,23 +316,28 @@ def _json_text(v: Any) -> str:
 def _frame_head(flow: Flow, direction: str, ts_ns: int) -> bytes:
     """A frame line up to ``correlation_id`` (no closing brace): formatted directly,
     which costs a fifth of ``json.dumps`` of a dict on a capture's busiest path."""
-    values = (ts_ns, flow.conn, flow.id, flow.api_key, flow.api_version, flow.correlation_id)
-    for v in values:
-        if type(v) is not int:  # not what a proxy records: let json say it
-            return json.dumps({
-                "type": "frame", "ts_ns": ts_ns, "conn": flow.conn, "dir": direction,
-                "client": flow.client, "upstream": flow.upstream, "flow": flow.id,
-                "api_key": flow.api_key, "api_version": flow.api_version,
-                "correlation_id": flow.correlation_id,
-            }, separators=(",", ":")).encode("utf-8")[:-1]
+    ints = (ts_ns, flow.conn, flow.id, flow.api_key, flow.api_version, flow.correlation_id)
+    texts = (direction, flow.client, flow.upstream)
+    for v in ints:
+        if type(v) is not int:
+            return _frame_head_json(flow, direction, ts_ns)
+    for v in texts:
+        if v is not None and type(v) is not str:
+            return _frame_head_json(flow, direction, ts_ns)
     return (_FRAME_HEAD % (ts_ns, flow.conn, _json_text(direction), _json_text(flow.client),
                            _json_text(flow.upstream), flow.id, flow.api_key, flow.api_version,
                            flow.correlation_id)).encode("ascii")
-_SENT_KEY = b',"frame_sent":"'
-try:
-    _IOV_MAX = max(16, min(os.sysconf("SC_IOV_MAX"), 1024))
-except (AttributeError, ValueError, OSError):  # pragma: no cover - not POSIX
-    _IOV_MAX = 16
+
+
+def _frame_head_json(flow: Flow, direction: str, ts_ns: Any) -> bytes:
+    """:func:`_frame_head` for values a proxy never records (bools, floats, tuples...):
+    json.dumps says how they are written."""
+    return json.dumps({
+        "type": "frame", "ts_ns": ts_ns, "conn": flow.conn, "dir": direction,
+        "client": flow.client, "upstream": flow.upstream, "flow": flow.id,
+        "api_key": flow.api_key, "api_version": flow.api_version,
+        "correlation_id": flow.correlation_id,
+    }, separators=(",", ":")).encode("utf-8")[:-1]
 
 
 def _writev_all(fd: int, parts: list[bytes]) -> None:
@@ -545,11 +555,13 @@ class CaptureWriter(CaptureHooks):
         else:
             fh.write(b"".join(parts))
             fh.flush(zlib.Z_SYNC_FLUSH)
-        try:
-            end = os.lseek(fd, 0, os.SEEK_CUR)
-        except OSError:  # not seekable (a pipe): nothing to drop
-            return
-        self._drop.wrote(end)
+        if self._drop.active:
+            try:
+                end = os.lseek(fd, 0, os.SEEK_CUR)
+            except OSError:  # not seekable (a pipe): nothing to drop
+                self._drop.active = False
+                return
+            self._drop.wrote(end)
 
     def flush(self) -> None:
         """Write every buffered line to the file now (whole lines only)."""
@@ -574,10 +586,11 @@ class CaptureWriter(CaptureHooks):
         self.close()
 
     # -- records ---------------------------------------------------------------
-    def write_frame(self, flow: Flow, direction: str, frame: bytes, sent: bytes | None,
-                    ts_ns: int) -> None:
+    def write_frame(self, flow: Flow, direction: str, frame: bytes | memoryview,
+                    sent: bytes | memoryview | None, ts_ns: int) -> None:
         """Write one frame line for ``flow`` (``direction`` ``"req"``/``"resp"``),
-        redacting secrets unless :attr:`secrets` is set."""
+        redacting secrets unless :attr:`secrets` is set. ``frame`` and ``sent`` may be
+        any bytes-like objects; nothing keeps them after the call."""
         if self._closed:
             return
         redacted = False

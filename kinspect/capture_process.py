@@ -18,9 +18,10 @@ of every frame, JSON, redaction, the file writes) runs in a child process runnin
 Each pipe write wakes the child: once per request/response turnaround that costs
 the proxy more than the rest of the hand-off (measured in BENCHMARKS.md, Proxy), so
 small frames are handed on a few dozen times per second rather than at every
-turnaround. Through the ring, a frame costs one copy on each side instead of two
-trips through the kernel (pipe write and read) plus a copy out of the read buffer.
-The child buffers lines for up to a second before writing the file anyway.
+turnaround. Through the ring, a frame costs one copy on the proxy's side, and the
+child base64-encodes it where it lies, instead of two trips through the kernel (pipe
+write and read) plus a copy out of the read buffer. The child buffers lines for up to
+a second before writing the file anyway.
 
 Messages on the pipe: ``>III`` (header length, payload bytes on the pipe, payload
 bytes in the ring), the header (a :mod:`marshal` tuple: parent and child run the
@@ -34,7 +35,7 @@ Guarantees:
 
 * Complete while both run: nothing handed on is dropped. When the child falls
   behind, the bytes waiting for it (queued for the pipe, or in the ring and not
-  yet copied out) count in :attr:`CaptureProcess.backlog_bytes`, which the pipeline adds to its own backlog, so the proxy pauses reading
+  yet turned into a line) count in :attr:`CaptureProcess.backlog_bytes`, which the pipeline adds to its own backlog, so the proxy pauses reading
   (``Proxy.overload``) instead of queuing without bound (see
   :class:`~kinspect.proxy.pipeline.Pipeline`). If the child dies, the capture stops
   there (one logged error) and the proxy goes on.
@@ -104,7 +105,7 @@ class CaptureProcess(CaptureHooks):
         lines, redacted, paths: as the child reports them when closed (before that:
             0, 0 and the first part's path).
         backlog_bytes: bytes handed on but not yet taken by the child (queued for the
-            pipe, or in the ring and not yet copied out by the child).
+            pipe, or in the ring and not yet turned into a line by the child).
         ring_bytes: size of the ring in use (0 when there is none).
         ring_frames: frames whose bytes went through the ring.
         pause_bytes: backlog beyond which the pipeline pauses the proxy (16 MiB), so
@@ -242,7 +243,7 @@ class CaptureProcess(CaptureHooks):
     @property
     def backlog_bytes(self) -> int:
         """Bytes handed on that the child has not taken yet: queued for the pipe, plus
-        those in the ring it has not copied out (read afresh: the child takes them
+        those in the ring it has not made a line of (read afresh: the child takes them
         on its own, with no event on this side to tell)."""
         if self._ring is None:
             return self._queued
@@ -252,7 +253,8 @@ class CaptureProcess(CaptureHooks):
         """Bytes of the ring free now (the child's count is read until two reads
         agree, so a torn read is never believed).
 
-        The child stores its count after copying the bytes out, in program order;
+        The child stores its count after it has made the line from the bytes (its
+        last read of them), in program order;
         the proxy only reuses room the count gives back. CPUs commit stores in order
         after the loads before them (x86-64 guarantees it; weaker memory models
         allow otherwise in theory, not in the cores Python runs on)."""

@@ -6,17 +6,20 @@ its own size and every page written is one more page of memory allocated for it.
 a virtual machine whose host backs guest memory on first touch, that allocation
 costs far more than the copy into the page: writing 256 MB to files that keep
 growing cost 0.6-0.7 s of system time here, against 0.06-0.15 s with drop-behind
-(BENCHMARKS.md, Proxy).
+(BENCHMARKS.md, Proxy, fifth session).
 
-:class:`DropBehind` follows the end of a file being written: every
-:data:`STEP` bytes it asks the kernel to start writing them out
-(``sync_file_range(SYNC_FILE_RANGE_WRITE)``, which does not wait), and it tells the
-kernel (``posix_fadvise(POSIX_FADV_DONTNEED)``) that what lies more than :data:`LAG`
-bytes behind the end is no longer needed. That advice drops only pages already
-written to disk; nothing here ever waits for the disk. Where a call is missing
-(not Linux, no ``sync_file_range`` in the C library, no ctypes) or refused (a pipe,
-a file system that does not support it), that part is left out for the file and
-the file is written as usual.
+:class:`DropBehind` follows the end of a file being written: every :data:`STEP`
+bytes it asks the kernel to start writing them out
+(``sync_file_range(SYNC_FILE_RANGE_WRITE)``: it does not wait for the disk, though
+it may block while the device's request queue is full, that is when the capture
+outruns the disk), and it tells the kernel (``posix_fadvise(POSIX_FADV_DONTNEED)``)
+that what lies more than :data:`LAG` bytes behind the last write-out request is no
+longer needed. That advice drops only pages already on disk: a page still being
+written when its turn comes stays cached until the file is closed, when the advice
+is given again for the whole file. Where ``sync_file_range`` is missing (not Linux,
+not in the C library, no ctypes) or refused (a pipe, a file system that does not
+support it), only that last advice is given; where ``posix_fadvise`` is missing or
+refused, nothing is, and the file is written as usual.
 """
 
 from __future__ import annotations
@@ -68,15 +71,29 @@ class DropBehind:
         self._sync: Any = _lookup_sync_file_range()
         self._advise = hasattr(os, "posix_fadvise")
 
+    @property
+    def active(self) -> bool:
+        """Whether :meth:`wrote` still does anything for this file."""
+        return self._sync is not None and self._advise
+
+    @active.setter
+    def active(self, value: bool) -> None:
+        if not value:
+            self._sync = None
+
     def wrote(self, end: int) -> None:
         """The file now ends at ``end``: request write-out of each whole
-        :data:`STEP` before it, and let go of what is more than :data:`LAG` behind."""
-        while self._sync is not None and end - self.started >= STEP:
+        :data:`STEP` before it, and let go of what is more than :data:`LAG` behind
+        the write-out requested (without ``sync_file_range``, nothing: pages not
+        written out yet would only be skipped)."""
+        if self._sync is None:
+            return
+        while end - self.started >= STEP:
             if self._sync(self.fd, self.started, STEP, _SYNC_FILE_RANGE_WRITE) != 0:
                 self._sync = None  # e.g. ESPIPE: not a regular file
-                break
+                return
             self.started += STEP
-        limit = (self.started if self._sync is not None else end) - LAG
+        limit = self.started - LAG
         if self._advise and limit - self.dropped >= STEP:
             self._drop(self.dropped, limit - self.dropped)
             self.dropped = limit

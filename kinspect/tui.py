@@ -71,16 +71,17 @@ def flow_line(flow: Flow, topic_ids: TopicIds | None = None) -> str:
 class _Rate:
     """Events (or bytes) per second over a sliding window of ``window`` seconds.
 
-    Samples are summed into buckets of ``bucket`` seconds, and the window's total is
-    kept as it changes, so both memory and the cost of :meth:`rate` stay constant
-    however many events arrive (a redraw holds the GIL the forwarding loop needs).
+    Samples are summed into buckets of ``bucket`` seconds, so memory and the cost of
+    :meth:`rate` (a sum over at most ``window / bucket`` buckets) stay small however
+    many events arrive: a redraw holds the GIL the forwarding loop needs. :meth:`add`
+    (the event loop) only touches the newest bucket and :meth:`rate` (rich's refresh
+    thread) only drops buckets older than the window, so the two threads need no lock.
     """
 
     def __init__(self, window: float = 5.0, bucket: float = 0.1):
         self.window = window
         self.bucket = bucket
         self.buckets: deque[list[float]] = deque()  # [bucket start, sum], oldest first
-        self.total = 0.0
 
     def add(self, now: float, value: float) -> None:
         b = self.buckets
@@ -88,16 +89,15 @@ class _Rate:
             b[-1][1] += value
         else:
             b.append([now, value])
-        self.total += value
 
     def rate(self, now: float) -> float:
         b = self.buckets
         while b and b[0][0] < now - self.window:
-            self.total -= b.popleft()[1]
-        if not b:
-            self.total = 0.0  # no drift from float sums once the window empties
+            b.popleft()
+        items = list(b)  # (a copy: add() may append meanwhile)
+        if not items:
             return 0.0
-        return self.total / max(now - b[0][0], 1.0)
+        return sum(x[1] for x in items) / max(now - items[0][0], 1.0)
 
 
 class LiveView:

@@ -141,18 +141,24 @@ def test_frame_lines_are_byte_for_byte_compact_json(tmp_path):
     odd.flags = {"unpaired", "closed"}
     none = Flow(8, 1, None, "u:1", -1, -1, None, "SaslToken", b"\x00\x01", 12)
     boolish = Flow(9, True, "c:1", "u:1", 3, 12, 4, "Metadata", b"\x00" * 3, 13)
+    # addresses that are not strings, and values equal to each other as dict keys
+    # (True == 1 == 1.0): each written as json.dumps writes it
+    others = [Flow(10 + i, 1, c, "u:1", 3, 12, 4, "Metadata", b"\x01", 14)
+              for i, c in enumerate([True, 1, 1.0, ("10.0.0.1", 5555), ["h", 1]])]
     path = tmp_path / "cap.jsonl"
     w = CaptureWriter(path, CODEC, upstream="u:1", listen="l:1", secrets=True)
     w.write_frame(odd, "req", odd.request, b"other", 2**62)
     w.write_frame(none, "resp", none.request, None, 5)
     w.write_frame(boolish, "req", boolish.request, boolish.request, 6)
+    for f in others:
+        w.write_frame(f, "resp", f.request, None, 7)
     w.close()
     got = path.read_bytes().splitlines(keepends=True)[1:]
     assert got == [
         _expected_line(odd, "req", odd.request, b"other", 2**62, ["closed", "unpaired"]),
         _expected_line(none, "resp", none.request, None, 5),
         _expected_line(boolish, "req", boolish.request, None, 6),
-    ]
+    ] + [_expected_line(f, "resp", f.request, None, 7) for f in others]
     assert json.loads(got[0])["client"] == 'h\u00e9"\\:1'
 
 
