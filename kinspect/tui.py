@@ -36,7 +36,7 @@ PENDING_BYTES = 4 << 20
 #: a redraw needs it: its row costs no more than a small flow's, and its frames (and
 #: their decoded values) are let go at once instead of keeping up to PENDING_BYTES of
 #: them (4-12 MB less heap touched per 100 MB of 1 MB Produce requests, measured
-#: with bench/proxy.py's kinspect-view mode)
+#: with bench/proxy.py's kinspect-full mode)
 RENDER_AT_ONCE = 64 << 10
 
 log = logging.getLogger("kinspect.tui")
