@@ -263,6 +263,17 @@ def serve(args: argparse.Namespace) -> int:
 # the client process (confluent-kafka)
 # ---------------------------------------------------------------------------
 
+def _machine_busy_s() -> float | None:
+    """CPU seconds the whole machine has spent busy since boot (all cores; from
+    /proc/stat: everything but idle and iowait), or ``None`` without /proc."""
+    try:
+        with open("/proc/stat") as fh:
+            v = [int(x) for x in fh.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def client(args: argparse.Namespace) -> int:
     from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -293,6 +304,7 @@ def client(args: argparse.Namespace) -> int:
     for name, (size, n) in counts.items():
         value = rnd[:size]
         delivered[0] = 0
+        busy0 = _machine_busy_s()
         t0 = time.perf_counter()
         for _ in range(n):
             while True:
@@ -306,6 +318,10 @@ def client(args: argparse.Namespace) -> int:
         if left or failed or delivered[0] != n:
             raise RuntimeError(f"produce {name}: {delivered[0]}/{n} delivered, {failed[:3]}")
         result[f"produce_{name}"] = {"msgs": n, "bytes": n * size, "seconds": t1 - t0}
+        busy1 = _machine_busy_s()
+        if busy0 is not None and busy1 is not None:
+            # every process on the machine: client, broker, proxy, capture child
+            result[f"produce_{name}"]["cores_busy"] = (busy1 - busy0) / (t1 - t0)
 
     # fetch.wait.max.ms=10: the long poll left on the previous topic ends quickly
     consumer = Consumer({**common, "group.id": "bench", "enable.auto.commit": False,
@@ -492,6 +508,8 @@ def _metrics(res: dict[str, Any]) -> dict[str, float]:
         r = res[key]
         m[f"{key}_msgs"] = r["msgs"] / r["seconds"]
         m[f"{key}_mb"] = r["bytes"] / r["seconds"] / 1e6
+    if "cores_busy" in res["produce_large"]:
+        m["produce_large_cores"] = res["produce_large"]["cores_busy"]
     m["lat_p50"] = res["latency_us"]["p50"]
     m["lat_p99"] = res["latency_us"]["p99"]
     for k in ("proxy_cpu_s",):
@@ -590,12 +608,19 @@ def report(data: dict[str, Any]) -> str:
         # round cancels what drifts between rounds (load, the VM's memory)
         lines.append("")
         lines.append("Paired by round: each mode's ratio to direct in the same round, median "
-                     "(lowest–highest) over the rounds.")
+                     "(lowest–highest) over the rounds. Last column: CPU the whole machine "
+                     f"was busy for while producing the 10 KiB messages, in cores (of "
+                     f"{os.cpu_count()}), median over the rounds.")
         lines.append("")
-        lines.append("| mode | produce 100 B | produce 10 KiB | consume 100 B | consume 10 KiB |")
-        lines.append("|---|---|---|---|---|")
+        lines.append("| mode | produce 100 B | produce 10 KiB | consume 100 B | consume 10 KiB | "
+                     "cores busy, 10 KiB produce |")
+        lines.append("|---|---|---|---|---|---|")
         for m in modes:
+            cores = [_metrics(a).get("produce_large_cores") for a in data["raw"][m]]
+            cores = [c for c in cores if c is not None]
+            busy = f"{statistics.median(cores):.2f}" if cores else "-"
             if m == "direct":
+                lines.append("| direct | ×1.00 | ×1.00 | ×1.00 | ×1.00 | " + busy + " |")
                 continue
             cells = []
             for key in ("produce_small_msgs", "produce_large_mb", "consume_small_msgs",
@@ -604,7 +629,7 @@ def report(data: dict[str, Any]) -> str:
                       for a, b in zip(data["raw"][m], data["raw"]["direct"]) if _metrics(b)[key]]
                 cells.append(f"×{statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f})"
                              if rs else "-")
-            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+            lines.append(f"| {m} | " + " | ".join(cells) + f" | {busy} |")
     if data.get("memory"):
         lines.append("")
         lines.append(f"| mode | RSS at start MiB | KiB per idle connection ({args['idle']}) | "
