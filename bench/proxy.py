@@ -30,7 +30,7 @@ measurement:
    from the first ``produce()`` to the end of ``flush()`` (after a warm-up
    message, so connections and metadata are in place);
 2. consume each topic back with a consumer assigned to the partition from the
-   beginning, timed from the first message received to the last;
+   beginning, timed from ``assign()`` to the last message;
 3. a latency loop: ``--latency`` times produce one 100-byte message and
    ``flush()``; p50/p99 of these round trips.
 
@@ -264,14 +264,16 @@ def serve(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------
 
 def _machine_busy_s() -> float | None:
-    """CPU seconds the whole machine has spent busy since boot (all cores; from
-    /proc/stat: everything but idle and iowait), or ``None`` without /proc."""
+    """CPU seconds the whole machine has spent busy since boot, all cores (from
+    /proc/stat: user, nice, system, irq and softirq; not idle, iowait or steal, the
+    time a virtual machine waited for its host), or ``None`` without /proc. In a
+    container, /proc/stat is the host's. Counted in clock ticks (10 ms at 100 Hz)."""
     try:
         with open("/proc/stat") as fh:
             v = [int(x) for x in fh.readline().split()[1:9]]
     except (OSError, ValueError):
         return None
-    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    return (sum(v) - v[3] - v[4] - v[7]) / os.sysconf("SC_CLK_TCK")
 
 
 def client(args: argparse.Namespace) -> int:
@@ -510,6 +512,8 @@ def _metrics(res: dict[str, Any]) -> dict[str, float]:
         m[f"{key}_mb"] = r["bytes"] / r["seconds"] / 1e6
     if "cores_busy" in res["produce_large"]:
         m["produce_large_cores"] = res["produce_large"]["cores_busy"]
+        m["produce_large_machine_cpu_s"] = (res["produce_large"]["cores_busy"]
+                                            * res["produce_large"]["seconds"])
     m["lat_p50"] = res["latency_us"]["p50"]
     m["lat_p99"] = res["latency_us"]["p99"]
     for k in ("proxy_cpu_s",):
@@ -554,12 +558,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 memory[mode] = _measure_memory(mode, args, workdir)
                 print(f"memory {mode}: {memory[mode]}", file=sys.stderr, flush=True)
     return {"raw": raw, "proxy_stats": stats, "memory": memory, "args": vars(args),
-            "loadavg": [load_before, os.getloadavg()], "run_at": run_at}
+            "loadavg": [load_before, os.getloadavg()], "run_at": run_at,
+            "cpu_count": os.cpu_count()}
 
 
 def _median_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
     ms = [_metrics(r) for r in runs]
-    return {k: statistics.median(m[k] for m in ms) for k in ms[0]}
+    keys = dict.fromkeys(k for m in ms for k in m)  # (a key some rounds lack: the others)
+    return {k: statistics.median(m[k] for m in ms if k in m) for k in keys}
 
 
 def report(data: dict[str, Any]) -> str:
@@ -575,9 +581,10 @@ def report(data: dict[str, Any]) -> str:
         return f" (×{med[mode][key] / base[key]:.2f})"
 
     lines = []
+    ncpu = data.get("cpu_count") or os.cpu_count()
     run_at = data.get("run_at") or time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines.append(f"Run: {run_at}, "
-                 f"{args['rounds']} rounds (median), {os.cpu_count()} cores, "
+                 f"{args['rounds']} rounds (median), {ncpu} cores, "
                  f"Python {platform.python_version()}, "
                  f"produce {args['small']} × 100 B and {args['large']} × 10 KiB, "
                  f"latency loop {args['latency']} (+{args['warmup']} warm-up)."
@@ -608,17 +615,22 @@ def report(data: dict[str, Any]) -> str:
         # round cancels what drifts between rounds (load, the VM's memory)
         lines.append("")
         lines.append("Paired by round: each mode's ratio to direct in the same round, median "
-                     "(lowest–highest) over the rounds. Last column: CPU the whole machine "
-                     f"was busy for while producing the 10 KiB messages, in cores (of "
-                     f"{os.cpu_count()}), median over the rounds.")
+                     "(lowest–highest) over the rounds. Last column: the CPU the whole machine "
+                     "was busy for while producing the 10 KiB messages, in cores (of "
+                     f"{ncpu}) and in CPU seconds, medians over the rounds (counted in 10 ms "
+                     "ticks: ±0.05 cores).")
         lines.append("")
         lines.append("| mode | produce 100 B | produce 10 KiB | consume 100 B | consume 10 KiB | "
-                     "cores busy, 10 KiB produce |")
+                     "machine busy, 10 KiB produce |")
         lines.append("|---|---|---|---|---|---|")
         for m in modes:
-            cores = [_metrics(a).get("produce_large_cores") for a in data["raw"][m]]
-            cores = [c for c in cores if c is not None]
-            busy = f"{statistics.median(cores):.2f}" if cores else "-"
+            ms = [_metrics(a) for a in data["raw"][m]]
+            cores = [x["produce_large_cores"] for x in ms if "produce_large_cores" in x]
+            secs = [x["produce_large_machine_cpu_s"] for x in ms
+                    if "produce_large_machine_cpu_s" in x]
+            busy = f"{statistics.median(cores):.2f} cores" if cores else "-"
+            if secs:
+                busy += f" ({statistics.median(secs):.2f} s)"
             if m == "direct":
                 lines.append("| direct | ×1.00 | ×1.00 | ×1.00 | ×1.00 | " + busy + " |")
                 continue

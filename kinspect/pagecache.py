@@ -5,7 +5,7 @@ the kernel keeps every page of it cached, so a long capture grows the page cache
 its own size and every page written is one more page of memory allocated for it. On
 a virtual machine whose host backs guest memory on first touch, that allocation
 costs far more than the copy into the page: writing 256 MB to files that keep
-growing cost 0.6-0.7 s of system time here, against 0.06-0.15 s with drop-behind
+growing cost 0.3-0.9 s of system time here, against 0.07-0.15 s with drop-behind
 (BENCHMARKS.md, Proxy, fifth session).
 
 :class:`DropBehind` follows the end of a file being written: every :data:`STEP`
@@ -109,5 +109,6 @@ class DropBehind:
     def _drop(self, offset: int, length: int) -> None:
         try:
             os.posix_fadvise(self.fd, offset, length, os.POSIX_FADV_DONTNEED)
-        except OSError:  # e.g. ESPIPE: not a regular file
+        except OSError:  # e.g. ESPIPE: not a regular file; write-out alone is no help
             self._advise = False
+            self._sync = None

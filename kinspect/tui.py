@@ -35,8 +35,8 @@ PENDING_BYTES = 4 << 20
 #: a flow with at least this many bytes of frames is rendered as it arrives, not when
 #: a redraw needs it: its row costs no more than a small flow's, and its frames (and
 #: their decoded values) are let go at once instead of keeping up to PENDING_BYTES of
-#: them (4-12 MB less heap touched per 100 MB of 1 MB Produce requests, measured
-#: with bench/proxy.py's kinspect-full mode)
+#: them (page faults per 100 MB of 1 MB Produce requests through kinspect-full,
+#: two runs each: 4,600-6,600 without, 2,500-3,900 with; BENCHMARKS.md, Proxy)
 RENDER_AT_ONCE = 64 << 10
 
 log = logging.getLogger("kinspect.tui")
@@ -85,8 +85,12 @@ class _Rate:
 
     def add(self, now: float, value: float) -> None:
         b = self.buckets
-        if b and now - b[-1][0] < self.bucket:
-            b[-1][1] += value
+        try:
+            last = b[-1]
+        except IndexError:  # (rate() may empty it meanwhile: it only drops old buckets)
+            last = None
+        if last is not None and now - last[0] < self.bucket:
+            last[1] += value
         else:
             b.append([now, value])
 
