@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 #: bytes between two write-out requests
 STEP = 8 << 20
-#: bytes kept cached behind the end of the file
+#: bytes kept cached behind the last write-out request (so 32-40 MiB behind the end)
 LAG = 32 << 20
 _SYNC_FILE_RANGE_WRITE = 2  # <fcntl.h>
 
