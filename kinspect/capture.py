@@ -284,8 +284,9 @@ def capture_parts(path: str | os.PathLike) -> list[Path]:
 
 def _b64(b: bytes) -> bytes:
     """Base64 as ASCII bytes, spliced into the JSON line as they are (see
-    :meth:`CaptureWriter._append`): base64 needs no JSON escaping, and serialising a
-    large frame's string through ``json.dumps`` costs several times the encoding."""
+    :meth:`CaptureWriter._append_line`): base64 needs no JSON escaping, and
+    serialising a large frame's string through ``json.dumps`` costs several times
+    the encoding."""
     return _b64encode(b)
 
 
@@ -485,22 +486,17 @@ class CaptureWriter(CaptureHooks):
         self._raw.close()
 
     # -- buffering -------------------------------------------------------------
-    def _append(self, obj: dict[str, Any], rotate: bool = True,
-                raws: tuple[tuple[bytes, bytes], ...] = ()) -> None:
-        """Buffer one line: ``obj`` as compact JSON, then the ``raws`` (``(key, base64)``
-        pairs, keys pre-encoded as ``b',"name":"'``) appended as string members. The
-        line stays a list of pieces up to the write (``os.writev``), so a large frame's
-        base64 is never copied again after it was made."""
+    def _append(self, obj: dict[str, Any], rotate: bool = True) -> None:
+        """Buffer one line: ``obj`` as compact JSON."""
         head = json.dumps(obj, separators=(",", ":")).encode("utf-8")
-        if raws:
-            self._append_line(head[:-1], raws, rotate)
-        else:
-            self._add([head, b"\n"], len(head) + 1, rotate)
+        self._add([head, b"\n"], len(head) + 1, rotate)
 
     def _append_line(self, head: bytes, raws: tuple[tuple[bytes, bytes], ...],
                      rotate: bool = True) -> None:
         """Buffer one line: ``head`` (a JSON object's text without its closing brace),
-        the ``raws`` as string members, and the brace."""
+        the ``raws`` (``(key, base64)`` pairs, keys pre-encoded as ``b',"name":"'``) as
+        string members, and the brace. The line stays a list of pieces up to the write
+        (``os.writev``), so a large frame's base64 is never copied again."""
         parts = [head]
         size = len(head) + 2
         for key, b64 in raws:

@@ -35,7 +35,8 @@ Guarantees:
 
 * Complete while both run: nothing handed on is dropped. When the child falls
   behind, the bytes waiting for it (queued for the pipe, or in the ring and not
-  yet turned into a line) count in :attr:`CaptureProcess.backlog_bytes`, which the pipeline adds to its own backlog, so the proxy pauses reading
+  yet turned into a line) count in :attr:`CaptureProcess.backlog_bytes`, which the
+  pipeline adds to its own backlog, so the proxy pauses reading
   (``Proxy.overload``) instead of queuing without bound (see
   :class:`~kinspect.proxy.pipeline.Pipeline`). If the child dies, the capture stops
   there (one logged error) and the proxy goes on.
@@ -254,10 +255,10 @@ class CaptureProcess(CaptureHooks):
         agree, so a torn read is never believed).
 
         The child stores its count after it has made the line from the bytes (its
-        last read of them), in program order;
-        the proxy only reuses room the count gives back. CPUs commit stores in order
-        after the loads before them (x86-64 guarantees it; weaker memory models
-        allow otherwise in theory, not in the cores Python runs on)."""
+        last read of them), in program order; the proxy only reuses room the count
+        gives back. CPUs commit stores in order after the loads before them (x86-64
+        guarantees it; weaker memory models allow otherwise in theory, not in the
+        cores Python runs on)."""
         ring = self._ring
         if ring is None:  # closed (or never there): nothing waits in it
             return self.ring_bytes
