@@ -607,6 +607,56 @@ async def test_frames_up_to_the_maximum_pass_intact_larger_ones_close_only_that_
     assert _record_values(_records_of(direct[0])) == _record_values(sent_records)
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_large_frames_both_ways_on_both_event_loops(tansu, unique, loop, monkeypatch):
+    """Several-MiB frames both ways through the proxy on asyncio's event loop and on
+    uvloop's (what `kinspect proxy` runs): both are read into buffers of their own
+    (``CutThrough``), through each event loop's ``BufferedProtocol`` path. The
+    broker stores exactly the records sent, the Fetch response the client gets is
+    the broker's, byte for byte, and the flows hold both frames as bytes."""
+    import uvloop
+
+    from kinspect.proxy import server
+
+    made = []
+
+    def frame_buffer(size):
+        made.append(size)
+        return real(size)
+
+    real = server._FrameBuffer
+    assert real is not None, "kinspect.proxy._frames is not built"
+    monkeypatch.setattr(server, "_FrameBuffer", frame_buffer)
+    topic = unique("big")
+    create_topic(tansu.bootstrap, topic)
+    big = produce(5, topic, record_batch([os.urandom(MiB) for _ in range(3)]))
+    host, port = tansu.bootstrap.rsplit(":", 1)
+
+    async def main():
+        async with running_proxy(tansu.bootstrap) as (proxy, rec):
+            raw = await Raw.open(*proxy.address)
+            resp = await roundtrip(raw, big, timeout=30)
+            fetched = await roundtrip(raw, fetch(6, topic), timeout=30)
+            raw.close()
+            await proxy.pipeline.drained()
+        return resp, fetched, rec.flows
+
+    runner = asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None)
+    with runner:
+        resp, fetched, flows = runner.run(main())
+    c = codec()
+    assert c.decode_response(resp, 0, 9).body.Responses[0].PartitionResponses[0].ErrorCode == 0
+    by_corr = {f.correlation_id: f for f in flows}
+    assert by_corr[5].request == big and type(by_corr[5].request) is bytes
+    assert by_corr[6].response == fetched and type(by_corr[6].response) is bytes
+    assert len(fetched) > 3 * MiB
+    assert made == [len(big), len(fetched)]
+    direct = _exchange_direct(host, int(port), [fetch(7, topic)])[0]
+    assert fetched[4:] == direct[4:]  # all but the correlation id
+    sent_records = c.decode_request(big).body.TopicData[0].PartitionData[0].Records
+    assert _record_values(_records_of(fetched)) == _record_values(sent_records)
+
+
 def _record_values(records: bytes) -> list[bytes]:
     from kinspect.codec.records import decode_records
 
@@ -887,6 +937,148 @@ def test_cut_through_forwards_every_byte_once_in_order():
                 assert fed - sent < 8
 
     check()
+
+
+def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int],
+                            bad: int | None, direct_min: int, direct_share: int,
+                            max_frame: int = 1 << 16):
+    """Read the stream of ``frames`` (then, if ``bad`` is given, a bad size prefix)
+    the way the proxy does: into ``CutThrough.read_buffer()``, at most ``reads[i]``
+    bytes at a time (cycled) and never more than the buffer offered, reported with
+    ``read_done``. RAW data is kept as given (views included) and only turned into
+    bytes at the end, after every later read: a view into a reused buffer would
+    show there. Returns what was forwarded, the frames, the errors and, for each
+    frame buffer allocated, (its size, the bytes of its frame read by then)."""
+    from kinspect.codec import FrameSizeError
+    from kinspect.proxy.server import RAW, CutThrough
+
+    good = b"".join(frame(f) for f in frames)
+    stream = good if bad is None else good + struct.pack(">i", bad) + b"after"
+    cutter = CutThrough(max_frame, direct_min=direct_min, direct_share=direct_share)
+    forwarded, ends, errors, allocations = [], [], [], []
+    pos, i = 0, 0
+    while pos < len(stream):
+        buf = cutter.read_buffer()
+        k = min(len(buf), reads[i % len(reads)] if reads else len(buf), len(stream) - pos)
+        i += 1
+        buf[:k] = stream[pos:pos + k]
+        pos += k
+        own_before = cutter.own
+        try:
+            events = cutter.read_done(k, lambda corr: corr in held)
+        except FrameSizeError as e:
+            events = e.events
+            errors.append(e.offset)
+        if cutter.own is not None and cutter.own is not own_before:
+            allocations.append((len(memoryview(cutter.own)), cutter.fill))
+        for kind, x, was_held in events:
+            if kind == RAW:
+                forwarded.append(x)
+            else:
+                ends.append((x, was_held))
+                if was_held:
+                    forwarded.append(frame(x))
+        if errors:
+            break
+    out = b"".join(bytes(x) for x in forwarded)
+    return good, out, ends, errors, allocations
+
+
+@pytest.mark.parametrize("frame_buffer", ["C", "bytearray"])
+def test_cut_through_reading_into_its_buffers_forwards_every_byte_once(monkeypatch,
+                                                                       frame_buffer):
+    """The proxy's read path (``read_buffer``/``read_done``, large frames read into
+    buffers of their own): the same bytes forwarded, in order, as by ``feed``; the
+    frames are the codec's FrameSplitter's, as ``bytes``; held frames come whole;
+    a bad size prefix is reported at its offset; a frame's own buffer is never more
+    than ``direct_share`` times what had arrived of it; RAW views stay valid after
+    later reads. With the C extension and without (a bytearray, copied at the end)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kinspect.proxy import server
+
+    if frame_buffer == "C":
+        assert server._FrameBuffer is not None, \
+            "kinspect.proxy._frames is not built: `pip install -e .` with a C compiler"
+    else:
+        monkeypatch.setattr(server, "_FrameBuffer", None)
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.binary(max_size=300), max_size=6), st.sets(st.integers(0, 5)),
+           st.lists(st.integers(1, 500), max_size=10),
+           st.one_of(st.none(), st.sampled_from([-1, (1 << 16) + 1])),
+           st.sampled_from([2, 16, 100]), st.sampled_from([1, 2, 16]))
+    def check(bodies, held, reads, bad, direct_min, direct_share):
+        frames = [struct.pack(">i", i) + b[4:] if len(b) >= 4 else b for i, b in enumerate(bodies)]
+        good, out, ends, errors, allocations = _cut_through_reads_case(
+            frames, held, reads, bad, direct_min, direct_share)
+        assert out == good
+        assert [f for f, _ in ends] == frames
+        assert all(type(f) is bytes for f, _ in ends)
+        for i, (f, was_held) in enumerate(ends):
+            assert was_held == (len(f) >= 4 and i in held)
+        assert errors == ([] if bad is None else [len(good)])
+        for size, got in allocations:
+            assert size >= direct_min and size <= direct_share * got, (size, got)
+
+    check()
+
+
+def test_a_large_frame_is_read_into_the_bytes_it_becomes():
+    """A 1 MiB frame read in 64 KiB pieces: once a sixteenth of its body has arrived
+    (after the second read: the first held the size prefix too) the rest is read
+    into the frame's own buffer, forwarded as views of it, and the frame handed
+    on is that buffer's bytes object (no join); a size prefix of 100 MiB followed
+    by a little data gets no such buffer."""
+    from kinspect.proxy.server import END, RAW, CutThrough
+
+    cutter = CutThrough(200 * MiB)
+    body = os.urandom(MiB)
+    stream = frame(body)
+    pos, frames, raws = 0, [], []
+    while pos < len(stream):
+        buf = cutter.read_buffer()
+        k = min(len(buf), 64 * 1024, len(stream) - pos)
+        buf[:k] = stream[pos:pos + k]
+        pos += k
+        for kind, x, _ in cutter.read_done(k, lambda corr: False):
+            (raws if kind == RAW else frames).append(x)
+        if pos == 64 * 1024:
+            assert cutter.own is None
+        if pos == 128 * 1024:  # a sixteenth is there: the frame has its own buffer now
+            own = cutter.own
+            assert own is not None and len(memoryview(own)) == MiB
+            assert cutter.read_buffer().obj is own
+    assert frames == [body] and type(frames[0]) is bytes
+    assert frames[0] is own.frame  # the buffer read into is the frame handed on
+    # 17 reads (1 MiB + the 4-byte prefix); all but the first two went to its buffer
+    assert sum(isinstance(x, memoryview) and x.obj is own for x in raws) == 15
+    assert b"".join(bytes(x) for x in raws) == stream
+
+    big = CutThrough(200 * MiB)
+    buf = big.read_buffer()
+    head = struct.pack(">i", 100 * MiB) + b"\0" * 4096
+    buf[:len(head)] = head
+    assert big.read_done(len(head), lambda corr: False)[0][0] == RAW
+    assert big.own is None and big.buffered == 4096 and big.read_buffer().obj is not None
+    assert END not in [kind for kind, _, _ in big.read_done(0, lambda corr: False)]
+
+
+def test_frame_buffer_extension_contract():
+    """kinspect.proxy._frames.FrameBuffer: a bytes object of the given size written
+    through a writable buffer; sizes under 2 (possibly shared bytes objects) refused."""
+    from kinspect.proxy._frames import FrameBuffer
+
+    fb = FrameBuffer(5)
+    view = memoryview(fb)
+    assert not view.readonly and len(view) == 5 and fb.size == 5
+    view[:] = b"abcde"
+    assert fb.frame == b"abcde" and type(fb.frame) is bytes
+    assert hash(fb.frame) == hash(b"abcde")
+    for size in (1, 0, -1):
+        with pytest.raises(ValueError):
+            FrameBuffer(size)
 
 
 # ---------------------------------------------------------------------------

@@ -35,12 +35,23 @@ from ..flows import MUTATED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
 from .rewrite import AddressRewriter
 from .tracker import FlowTracker
 
+try:
+    from ._frames import FrameBuffer as _FrameBuffer
+except ImportError:  # built without a C compiler: frames are read into bytearrays
+    _FrameBuffer = None
+
 log = logging.getLogger("kinspect.proxy")
 _UNSET = object()
 
 _SIZE = struct.Struct(">i").pack
 _I = struct.Struct(">i").unpack_from
 RAW, END = 0, 1
+#: bytes read at once outside a frame's own buffer (what uvloop reads at once)
+SCRATCH = 256 * 1024
+#: frames this long or longer get a buffer of their own (CutThrough) ...
+DIRECT_MIN = 64 * 1024
+#: ... once a sixteenth of them has arrived
+DIRECT_SHARE = 16
 #: seconds a client gets to close its end after the proxy has sent FIN
 LINGER = 2.0
 #: reasons for not reading a side (bits of Connection.client_hold / up_hold)
@@ -125,8 +136,26 @@ class CutThrough:
     shorter than 4 bytes. The first bytes of a frame are kept back until its size
     and those 4 bytes are known (at most 7 bytes).
 
+    Two ways in. :meth:`feed` takes bytes already read. :meth:`read_buffer` and
+    :meth:`read_done` are for reading from the socket straight into CutThrough's
+    buffers (asyncio's ``BufferedProtocol``): outside large frames, reads go to a
+    256 KiB scratch buffer and are copied out as ``feed`` input (the copy the event
+    loop makes for ``data_received``). Once a sixteenth of a frame of at least
+    ``direct_min`` bytes has arrived, the frame gets a buffer of its own size (a
+    :class:`~kinspect.proxy._frames.FrameBuffer` when the C extension is built: the
+    bytes object itself) and the rest of its body is read into it: those bytes are
+    never copied in user space, and their RAW events are views of that buffer.
+    Reads then stop at the frame's end (and take at most 256 KiB at once, like
+    the scratch buffer, so that flow control reacts as often).
+
     Copies: a frame inside one chunk is copied once; a frame spread over chunks
-    is joined once at its end (chunks are kept as views until then).
+    is joined once at its end (chunks are kept as views until then), or, read into
+    its own buffer, not at all (only the pieces that came before it got its buffer
+    are copied in; without the C extension the buffer is a ``bytearray``, copied
+    into ``bytes`` at the end).
+
+    Memory: a frame's own buffer is at most ``direct_share`` times the bytes of the
+    frame read so far; before that, a frame costs what has arrived of it.
 
     Raises:
         FrameSizeError: a size prefix outside ``0..max_frame`` (the stream cannot
@@ -134,9 +163,11 @@ class CutThrough:
             the bytes before that prefix; none of the prefix's bytes are in them.
     """
 
-    __slots__ = ("max_frame", "left", "hold", "head", "parts", "consumed")
+    __slots__ = ("max_frame", "left", "hold", "head", "parts", "consumed", "direct_min",
+                 "direct_share", "scratch", "own", "own_view", "fill")
 
-    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME) -> None:
+    def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, direct_min: int = DIRECT_MIN,
+                 direct_share: int = DIRECT_SHARE, scratch: memoryview | None = None) -> None:
         self.max_frame = max_frame
         self.left = 0       # body bytes of the current frame still to come
         self.hold = False   # the current frame is held
@@ -144,11 +175,80 @@ class CutThrough:
         self.parts: list = []  # body pieces of the current frame so far
         #: bytes fed so far
         self.consumed = 0
+        #: frames this long or longer may be read into a buffer of their own ...
+        self.direct_min = max(2, direct_min)
+        #: ... once this fraction (1/direct_share) of the frame has arrived
+        self.direct_share = direct_share
+        #: reads outside a frame's own buffer (copied out at once, so CutThroughs
+        #: of one thread can share one: the proxy's connections do)
+        self.scratch = scratch
+        self.own: Any = None        # the current frame's own buffer (FrameBuffer, bytearray)
+        self.own_view: memoryview | None = None
+        self.fill = 0               # bytes of the frame in ``own`` so far
 
     @property
     def buffered(self) -> int:
         """Bytes held for the incomplete frame (kept-back header bytes included)."""
+        if self.own is not None:
+            return self.fill
         return len(self.head) + sum(len(p) for p in self.parts)
+
+    def read_buffer(self) -> memoryview:
+        """Where the next read from the socket goes (for
+        ``BufferedProtocol.get_buffer``): the rest of the current frame's own
+        buffer, or the scratch buffer; at most :data:`SCRATCH` bytes either way.
+        Report what was read with :meth:`read_done` before asking again."""
+        if self.own_view is not None:  # at most SCRATCH at once, as flow control expects
+            return self.own_view[self.fill:self.fill + SCRATCH]
+        if self.scratch is None:
+            self.scratch = memoryview(bytearray(SCRATCH))
+        return self.scratch
+
+    def read_done(self, n: int, must_hold) -> list:
+        """``n`` bytes were read into :meth:`read_buffer`'s buffer: the events, as
+        :meth:`feed` returns them (RAW data may be a memoryview here)."""
+        view = self.own_view
+        if view is None:
+            ev = self.feed(bytes(self.scratch[:n]), must_hold)
+            if self.left and self.parts:
+                self._own_buffer()
+            return ev
+        a = self.fill
+        b = self.fill = a + n
+        self.left -= n
+        self.consumed += n
+        ev = [] if self.hold else [(RAW, view[a:b], False)]
+        if not self.left:
+            own = self.own
+            frame = bytes(own) if type(own) is bytearray else own.frame
+            self.own = self.own_view = None
+            self.fill = 0
+            ev.append((END, frame, self.hold))
+            self.hold = False
+        return ev
+
+    def _own_buffer(self) -> None:
+        """Give the current frame a buffer of its own when it is large enough and
+        enough of it has arrived; the pieces so far are copied into it."""
+        parts = self.parts
+        got = 0
+        for p in parts:
+            got += len(p)
+        size = got + self.left
+        if size < self.direct_min or got * self.direct_share < size:
+            return
+        try:
+            own = _FrameBuffer(size) if _FrameBuffer is not None else bytearray(size)
+        except MemoryError:  # go on collecting pieces, joined at the end
+            return
+        view = memoryview(own)
+        pos = 0
+        for p in parts:
+            k = len(p)
+            view[pos:pos + k] = p
+            pos += k
+        parts.clear()
+        self.own, self.own_view, self.fill = own, view, pos
 
     def feed(self, data: bytes, must_hold) -> list:
         n = len(data)
@@ -302,6 +402,9 @@ class Proxy:
         self._closing = False
         self._tasks: set[asyncio.Task] = set()  # listener start-ups in flight
         self._rw_cache: dict[tuple[int, int], bool] = {}
+        #: where every connection's reads go outside large frames (CutThrough),
+        #: and where reads that are dropped go
+        self.scratch = memoryview(bytearray(SCRATCH))
         self._trigger_cache: dict[tuple[int, int], frozenset[int] | None] = {}
         #: Optional frame mutators (the tagged-field workbench): callables
         #: ``(flow, frame) -> bytes | None`` returning a replacement frame (without
@@ -509,8 +612,8 @@ class Connection:
         self.client_tr = client_tr
         self.up_tr: asyncio.Transport | None = None
         #: framing of each direction (cut-through; see CutThrough)
-        self.req_cut = CutThrough(proxy.config.max_frame)
-        self.resp_cut = CutThrough(proxy.config.max_frame)
+        self.req_cut = CutThrough(proxy.config.max_frame, scratch=proxy.scratch)
+        self.resp_cut = CutThrough(proxy.config.max_frame, scratch=proxy.scratch)
         self.tracker = FlowTracker(proxy.codec, self.id, self.client, self.upstream_addr,
                                    proxy.new_flow_id)
         self.closed = False
@@ -529,14 +632,15 @@ class Connection:
         return self.tracker.pending
 
     # -- client -> broker --------------------------------------------------------
-    def from_client(self, data: bytes) -> None:
+    def client_read(self, n: int) -> None:
+        """``n`` bytes were read from the client into ``req_cut.read_buffer()``."""
         if self.closed or self.draining:
             return  # read and dropped: the connection is ending
         proxy = self.proxy
-        proxy.stats.bytes_from_clients += len(data)
+        proxy.stats.bytes_from_clients += n
         error = None
         try:
-            events = self.req_cut.feed(data, self._hold_request)
+            events = self.req_cut.read_done(n, self._hold_request)
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         out: list = []
@@ -584,14 +688,15 @@ class Connection:
         return flow
 
     # -- broker -> client --------------------------------------------------------
-    def from_upstream(self, data: bytes) -> None:
+    def upstream_read(self, n: int) -> None:
+        """``n`` bytes were read from the broker into ``resp_cut.read_buffer()``."""
         if self.closed:
             return
         proxy = self.proxy
-        proxy.stats.bytes_from_brokers += len(data)
+        proxy.stats.bytes_from_brokers += n
         error = None
         try:
-            events = self.resp_cut.feed(data, self._must_hold)
+            events = self.resp_cut.read_done(n, self._must_hold)
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         out: list = []
@@ -798,8 +903,9 @@ def _linger_over(proxy: Proxy, tr: asyncio.Transport) -> None:
         tr.abort()
 
 
-class _ClientSide(asyncio.Protocol):
-    """Client-facing half of a connection."""
+class _ClientSide(asyncio.BufferedProtocol):
+    """Client-facing half of a connection: reads go straight into the buffers of
+    the connection's :class:`CutThrough` (no copy by the event loop)."""
 
     def __init__(self, proxy: Proxy, listener: Listener):
         self.proxy = proxy
@@ -836,10 +942,16 @@ class _ClientSide(asyncio.Protocol):
         _nodelay(tr)
         conn.upstream_ready(tr)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
         conn = self.conn
-        if conn is not None and not conn.closed:
-            conn.from_client(data)
+        if conn is None or conn.closed or conn.draining:
+            return self.proxy.scratch  # read and dropped: the connection is ending
+        return conn.req_cut.read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        conn = self.conn
+        if conn is not None:
+            conn.client_read(nbytes)
 
     def eof_received(self) -> bool:
         if self.conn is not None:
@@ -860,15 +972,18 @@ class _ClientSide(asyncio.Protocol):
             self.conn.resume_upstream()
 
 
-class _UpstreamSide(asyncio.Protocol):
-    """Broker-facing half of a connection."""
+class _UpstreamSide(asyncio.BufferedProtocol):
+    """Broker-facing half of a connection (reads as in :class:`_ClientSide`)."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
 
-    def data_received(self, data: bytes) -> None:
-        if not self.conn.closed:
-            self.conn.from_upstream(data)
+    def get_buffer(self, sizehint: int) -> memoryview:
+        conn = self.conn
+        return conn.proxy.scratch if conn.closed else conn.resp_cut.read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.conn.upstream_read(nbytes)
 
     def eof_received(self) -> bool:
         self.conn.close("broker closed the connection")
