@@ -641,9 +641,11 @@ def test_large_frames_both_ways_on_both_event_loops(tansu, unique, loop, monkeyp
             await proxy.pipeline.drained()
         return resp, fetched, rec.flows
 
-    runner = asyncio.Runner(loop_factory=uvloop.new_event_loop if loop == "uvloop" else None)
-    with runner:
-        resp, fetched, flows = runner.run(main())
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        resp, fetched, flows = ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
     c = codec()
     assert c.decode_response(resp, 0, 9).body.Responses[0].PartitionResponses[0].ErrorCode == 0
     by_corr = {f.correlation_id: f for f in flows}
@@ -682,6 +684,25 @@ async def test_frame_near_the_default_maximum_passes_intact(tansu, unique):
 # ---------------------------------------------------------------------------
 # misbehaving clients
 # ---------------------------------------------------------------------------
+
+async def test_a_client_leaving_mid_frame_gives_the_frame_buffer_back(tansu):
+    """A client sends the first 512 KiB of a 2 MiB request, which then has a buffer
+    of its own in the proxy, and disconnects: the connection ends and its share of
+    the proxy's budget for such buffers comes back, the buffer let go."""
+    from kinspect.proxy.server import UNFILLED_MAX
+
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        raw.writer.write(struct.pack(">i", 2 * MiB) + os.urandom(512 * 1024))
+        await wait_for(lambda: proxy.unfilled.room < UNFILLED_MAX,
+                       what="the frame to get a buffer of its own")
+        [conn] = proxy.connections
+        assert conn.req_cut.own is not None
+        raw.close()
+        await wait_for(lambda: not proxy.connections, what="the connection to end")
+        assert conn.req_cut.own is None and conn.req_cut.buffered == 0
+        assert proxy.unfilled.room == UNFILLED_MAX
+
 
 async def test_garbage_half_frames_and_mid_frame_disconnects_end_only_that_connection(
         tansu, caplog):
@@ -1060,14 +1081,77 @@ def test_a_large_frame_is_read_into_the_bytes_it_becomes():
     buf = big.read_buffer()
     head = struct.pack(">i", 100 * MiB) + b"\0" * 4096
     buf[:len(head)] = head
-    assert big.read_done(len(head), lambda corr: False)[0][0] == RAW
-    assert big.own is None and big.buffered == 4096 and big.read_buffer().obj is not None
-    assert END not in [kind for kind, _, _ in big.read_done(0, lambda corr: False)]
+    assert [kind for kind, _, _ in big.read_done(len(head), lambda corr: False)] == [RAW]
+    assert big.own is None and big.buffered == 4096
+    assert big.read_buffer().obj is big.scratch.obj  # still the scratch buffer
+
+
+def test_large_frame_reads_share_a_budget_and_a_scratch_buffer():
+    """The proxy's CutThroughs share one scratch buffer and one budget of buffer
+    bytes not read into yet. Two streams read in turn through one scratch arrive
+    intact; reads into a frame's own buffer take at most 256 KiB; a frame whose
+    unread rest does not fit the budget is collected in pieces (and still arrives
+    whole); clear() gives an abandoned frame's share back; feed() refuses to run
+    while a frame is read into its own buffer; forwarded views are read-only."""
+    from kinspect.proxy.server import RAW, SCRATCH, CutThrough, Unfilled
+
+    scratch = memoryview(bytearray(SCRATCH))
+    budget = Unfilled(2 * MiB)
+    a = CutThrough(200 * MiB, scratch=scratch, unfilled=budget)
+    b = CutThrough(200 * MiB, scratch=scratch, unfilled=budget)
+    c = CutThrough(200 * MiB, scratch=scratch, unfilled=budget)
+    bodies = {a: os.urandom(2 * MiB), b: os.urandom(2 * MiB), c: os.urandom(2 * MiB)}
+    streams = {cut: frame(body) for cut, body in bodies.items()}
+    pos = dict.fromkeys(streams, 0)
+    out = {cut: [] for cut in streams}
+    ends = {cut: [] for cut in streams}
+    first_own = {}  # the turn in which each frame got its own buffer
+    turn = 0
+    while any(pos[cut] < len(streams[cut]) for cut in streams):
+        turn += 1
+        for cut, stream in streams.items():  # one read each, in turn
+            if pos[cut] == len(stream):
+                continue
+            buf = cut.read_buffer()
+            assert len(buf) <= SCRATCH
+            k = min(len(buf), len(stream) - pos[cut])
+            buf[:k] = stream[pos[cut]:pos[cut] + k]
+            pos[cut] += k
+            for kind, x, _ in cut.read_done(k, lambda corr: False):
+                if kind == RAW:
+                    assert not isinstance(x, memoryview) or x.readonly
+                    out[cut].append(x)
+                else:
+                    ends[cut].append(x)
+            if cut.own is not None:
+                first_own.setdefault(cut, turn)
+                with pytest.raises(RuntimeError):
+                    cut.feed(b"\0\0\0\4abcd", lambda corr: False)
+            assert budget.room >= 0
+    for cut in streams:
+        assert ends[cut] == [bodies[cut]]
+        assert b"".join(bytes(x) for x in out[cut]) == streams[cut]
+    assert budget.room == 2 * MiB  # everything read: the whole budget is back
+    # after one 256 KiB read each frame had a sixteenth, but the budget only had
+    # room for the rest of the first: the others waited (in pieces) for room
+    assert first_own[a] == 1 and first_own.get(b, 99) > 1 and first_own.get(c, 99) > 1
+
+    d = CutThrough(200 * MiB, unfilled=budget)
+    buf = d.read_buffer()
+    head = frame(os.urandom(MiB))[:SCRATCH]
+    buf[:len(head)] = head
+    d.read_done(len(head), lambda corr: False)
+    assert d.own is not None and budget.room == 2 * MiB - (MiB + 4 - SCRATCH)
+    d.clear()
+    assert d.own is None and d.buffered == 0 and budget.room == 2 * MiB
 
 
 def test_frame_buffer_extension_contract():
     """kinspect.proxy._frames.FrameBuffer: a bytes object of the given size written
-    through a writable buffer; sizes under 2 (possibly shared bytes objects) refused."""
+    through a writable buffer; once ``frame`` has been read, the buffer is only
+    exported read-only; sizes under 2 (possibly shared bytes objects) refused."""
+    import ctypes
+
     from kinspect.proxy._frames import FrameBuffer
 
     fb = FrameBuffer(5)
@@ -1076,6 +1160,9 @@ def test_frame_buffer_extension_contract():
     view[:] = b"abcde"
     assert fb.frame == b"abcde" and type(fb.frame) is bytes
     assert hash(fb.frame) == hash(b"abcde")
+    assert memoryview(fb).readonly  # sealed
+    with pytest.raises((BufferError, TypeError)):
+        (ctypes.c_char * 5).from_buffer(fb)  # asks for a writable buffer
     for size in (1, 0, -1):
         with pytest.raises(ValueError):
             FrameBuffer(size)

@@ -12,8 +12,9 @@
  *   - nothing reads `frame` before every byte of it has been read into it;
  *   - a byte is written once, by the read that fills it, and only read after that
  *     (the forwarding writes of the bytes just read, which the event loop may
- *     keep queued, only read them);
+ *     keep queued, are given read-only views);
  *   - the writable views are dropped when the frame is complete.
+ * Reading `frame` seals the buffer: from then on it is only exported read-only.
  * The bytes object's hash is not cached before then (nothing hashes it earlier).
  */
 #define PY_SSIZE_T_CLEAN
@@ -24,6 +25,7 @@
 typedef struct {
     PyObject_HEAD
     PyObject *frame;  /* bytes, being filled */
+    int sealed;       /* `frame` was read: no more writable exports */
 } FrameBuffer;
 
 static PyObject *
@@ -59,8 +61,13 @@ FrameBuffer_dealloc(FrameBuffer *self)
 static int
 FrameBuffer_getbuffer(FrameBuffer *self, Py_buffer *view, int flags)
 {
+    if (self->sealed && (flags & PyBUF_WRITABLE)) {
+        PyErr_SetString(PyExc_BufferError, "the frame is complete: its buffer is read-only");
+        view->obj = NULL;
+        return -1;
+    }
     return PyBuffer_FillInfo(view, (PyObject *)self, PyBytes_AS_STRING(self->frame),
-                             PyBytes_GET_SIZE(self->frame), 0, flags);
+                             PyBytes_GET_SIZE(self->frame), self->sealed, flags);
 }
 
 static PyBufferProcs FrameBuffer_as_buffer = {
@@ -70,21 +77,23 @@ static PyBufferProcs FrameBuffer_as_buffer = {
 static PyObject *
 FrameBuffer_get_frame(FrameBuffer *self, void *closure)
 {
+    self->sealed = 1;
     Py_INCREF(self->frame);
     return self->frame;
 }
 
 static PyObject *
-FrameBuffer_len(FrameBuffer *self, void *closure)
+FrameBuffer_get_size(FrameBuffer *self, void *closure)
 {
     return PyLong_FromSsize_t(PyBytes_GET_SIZE(self->frame));
 }
 
 static PyGetSetDef FrameBuffer_getset[] = {
     {"frame", (getter)FrameBuffer_get_frame, NULL,
-     "The bytes object being filled; read it only once every byte has been written.",
+     "The bytes object being filled; read it only once every byte has been written "
+     "(reading it seals the buffer: only read-only exports from then on).",
      NULL},
-    {"size", (getter)FrameBuffer_len, NULL, "Its length in bytes.", NULL},
+    {"size", (getter)FrameBuffer_get_size, NULL, "Its length in bytes.", NULL},
     {NULL}
 };
 

@@ -50,8 +50,10 @@ RAW, END = 0, 1
 SCRATCH = 256 * 1024
 #: frames this long or longer get a buffer of their own (CutThrough) ...
 DIRECT_MIN = 64 * 1024
-#: ... once a sixteenth of them has arrived
+#: ... once a sixteenth of them has arrived ...
 DIRECT_SHARE = 16
+#: ... and while the proxy's own buffers lack no more than this many bytes in all
+UNFILLED_MAX = 64 << 20
 #: seconds a client gets to close its end after the proxy has sent FIN
 LINGER = 2.0
 #: reasons for not reading a side (bits of Connection.client_hold / up_hold)
@@ -122,6 +124,17 @@ class Stats:
 
 
 
+class Unfilled:
+    """How many more bytes of frame buffers may be allocated before they are read
+    into (:class:`CutThrough`; one budget per proxy): what caps what a proxy
+    allocates beyond what it has read."""
+
+    __slots__ = ("room",)
+
+    def __init__(self, room: int = UNFILLED_MAX) -> None:
+        self.room = room
+
+
 class CutThrough:
     """Sans-io framing for forwarding: which bytes may leave as they arrive, and
     the whole frames, for the pipeline.
@@ -144,7 +157,9 @@ class CutThrough:
     ``direct_min`` bytes has arrived, the frame gets a buffer of its own size (a
     :class:`~kinspect.proxy._frames.FrameBuffer` when the C extension is built: the
     bytes object itself) and the rest of its body is read into it: those bytes are
-    never copied in user space, and their RAW events are views of that buffer.
+    never copied in user space, and their RAW events are read-only views of that
+    buffer (which is never written again, so they may be kept, e.g. queued by the
+    transport).
     Reads then stop at the frame's end (and take at most 256 KiB at once, like
     the scratch buffer, so that flow control reacts as often).
 
@@ -155,7 +170,10 @@ class CutThrough:
     into ``bytes`` at the end).
 
     Memory: a frame's own buffer is at most ``direct_share`` times the bytes of the
-    frame read so far; before that, a frame costs what has arrived of it.
+    frame read so far, and the parts not read into yet of all own buffers sharing
+    one :class:`Unfilled` budget come to at most its ``room`` (64 MiB; a frame that
+    does not fit is collected in pieces). Otherwise a frame costs what has arrived
+    of it. :meth:`clear` lets go of an incomplete frame.
 
     Raises:
         FrameSizeError: a size prefix outside ``0..max_frame`` (the stream cannot
@@ -163,16 +181,19 @@ class CutThrough:
             the bytes before that prefix; none of the prefix's bytes are in them.
     """
 
-    __slots__ = ("max_frame", "left", "hold", "head", "parts", "consumed", "direct_min",
-                 "direct_share", "scratch", "own", "own_view", "fill")
+    __slots__ = ("max_frame", "left", "hold", "head", "parts", "consumed", "body",
+                 "direct_min", "direct_share", "scratch", "unfilled", "own", "own_view",
+                 "own_data", "fill")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, direct_min: int = DIRECT_MIN,
-                 direct_share: int = DIRECT_SHARE, scratch: memoryview | None = None) -> None:
+                 direct_share: int = DIRECT_SHARE, scratch: memoryview | None = None,
+                 unfilled: Unfilled | None = None) -> None:
         self.max_frame = max_frame
         self.left = 0       # body bytes of the current frame still to come
         self.hold = False   # the current frame is held
         self.head = b""     # the first bytes (< 8) of a frame, kept back until decided
         self.parts: list = []  # body pieces of the current frame so far
+        self.body = 0       # body size of the current frame
         #: bytes fed so far
         self.consumed = 0
         #: frames this long or longer may be read into a buffer of their own ...
@@ -182,8 +203,12 @@ class CutThrough:
         #: reads outside a frame's own buffer (copied out at once, so CutThroughs
         #: of one thread can share one: the proxy's connections do)
         self.scratch = scratch
+        #: the budget of own-buffer bytes not read into yet (shared by the proxy's
+        #: connections; a CutThrough made without one gets one of its own)
+        self.unfilled = unfilled if unfilled is not None else Unfilled()
         self.own: Any = None        # the current frame's own buffer (FrameBuffer, bytearray)
-        self.own_view: memoryview | None = None
+        self.own_view: memoryview | None = None   # writable: where reads go
+        self.own_data: memoryview | None = None   # read-only: what is forwarded
         self.fill = 0               # bytes of the frame in ``own`` so far
 
     @property
@@ -217,38 +242,54 @@ class CutThrough:
         b = self.fill = a + n
         self.left -= n
         self.consumed += n
-        ev = [] if self.hold else [(RAW, view[a:b], False)]
+        self.unfilled.room += n
+        ev = [] if self.hold else [(RAW, self.own_data[a:b], False)]
         if not self.left:
             own = self.own
             frame = bytes(own) if type(own) is bytearray else own.frame
-            self.own = self.own_view = None
+            self.own = self.own_view = self.own_data = None
             self.fill = 0
             ev.append((END, frame, self.hold))
             self.hold = False
         return ev
 
     def _own_buffer(self) -> None:
-        """Give the current frame a buffer of its own when it is large enough and
-        enough of it has arrived; the pieces so far are copied into it."""
-        parts = self.parts
-        got = 0
-        for p in parts:
-            got += len(p)
-        size = got + self.left
-        if size < self.direct_min or got * self.direct_share < size:
+        """Give the current frame a buffer of its own when it is large enough, enough
+        of it has arrived and the budget has room for the rest; the pieces so far are
+        copied into it."""
+        size = self.body
+        left = self.left
+        if size < self.direct_min or (size - left) * self.direct_share < size:
             return
+        unfilled = self.unfilled
+        if left > unfilled.room:
+            return  # go on collecting pieces, joined at the end
         try:
             own = _FrameBuffer(size) if _FrameBuffer is not None else bytearray(size)
-        except MemoryError:  # go on collecting pieces, joined at the end
+        except MemoryError:
             return
+        unfilled.room -= left
         view = memoryview(own)
         pos = 0
+        parts = self.parts
         for p in parts:
             k = len(p)
             view[pos:pos + k] = p
             pos += k
         parts.clear()
-        self.own, self.own_view, self.fill = own, view, pos
+        self.own, self.own_view, self.own_data, self.fill = own, view, view.toreadonly(), pos
+
+    def clear(self) -> None:
+        """Let go of the incomplete frame (the connection is ending): its pieces, its
+        own buffer and its share of the budget."""
+        if self.own is not None:
+            self.unfilled.room += self.left
+            self.own = self.own_view = self.own_data = None
+            self.fill = 0
+        self.parts.clear()
+        self.head = b""
+        self.left = 0
+        self.hold = False
 
     def feed(self, data: bytes, must_hold) -> list:
         n = len(data)
@@ -259,6 +300,9 @@ class CutThrough:
                 if must_hold(_I(data, 4)[0]):
                     return [(END, data[4:], True)]
                 return [(RAW, data, False), (END, data[4:], False)]
+        if self.own is not None:
+            raise RuntimeError("CutThrough.feed() while a frame is read into its own buffer "
+                               "(read_buffer/read_done): use one or the other")
         ev: list = []
         mv = memoryview(data)
         pos = 0
@@ -314,6 +358,7 @@ class CutThrough:
                 run = -1
             elif head:
                 ev.append((RAW, head, False))  # at the start of ``data``: nothing before it
+            self.body = size
             # the part of the header that belongs to the body (beyond the prefix)
             if head:
                 self.head = b""
@@ -405,6 +450,8 @@ class Proxy:
         #: where every connection's reads go outside large frames (CutThrough),
         #: and where reads that are dropped go
         self.scratch = memoryview(bytearray(SCRATCH))
+        #: what frame buffers not read into yet may come to, over all connections
+        self.unfilled = Unfilled()
         self._trigger_cache: dict[tuple[int, int], frozenset[int] | None] = {}
         #: Optional frame mutators (the tagged-field workbench): callables
         #: ``(flow, frame) -> bytes | None`` returning a replacement frame (without
@@ -612,8 +659,10 @@ class Connection:
         self.client_tr = client_tr
         self.up_tr: asyncio.Transport | None = None
         #: framing of each direction (cut-through; see CutThrough)
-        self.req_cut = CutThrough(proxy.config.max_frame, scratch=proxy.scratch)
-        self.resp_cut = CutThrough(proxy.config.max_frame, scratch=proxy.scratch)
+        self.req_cut = CutThrough(proxy.config.max_frame, scratch=proxy.scratch,
+                                  unfilled=proxy.unfilled)
+        self.resp_cut = CutThrough(proxy.config.max_frame, scratch=proxy.scratch,
+                                   unfilled=proxy.unfilled)
         self.tracker = FlowTracker(proxy.codec, self.id, self.client, self.upstream_addr,
                                    proxy.new_flow_id)
         self.closed = False
@@ -830,6 +879,8 @@ class Connection:
         if self.up_tr is not None and not self.up_tr.is_closing():
             self.up_tr.close()
         _end_client(self.proxy, self.client_tr)
+        self.req_cut.clear()
+        self.resp_cut.clear()
         now = self.closed_ns = time.time_ns()
         for flow in self.tracker.close():
             self.proxy.pipeline.complete(flow)
