@@ -1050,9 +1050,10 @@ def test_a_large_frame_is_read_into_the_bytes_it_becomes():
     """A 1 MiB frame read in 64 KiB pieces: once a sixteenth of its body has arrived
     (after the second read: the first held the size prefix too) the rest is read
     into the frame's own buffer, forwarded as views of it, and the frame handed
-    on is that buffer's bytes object (no join); a size prefix of 100 MiB followed
-    by a little data gets no such buffer."""
-    from kinspect.proxy.server import END, RAW, CutThrough
+    on is that buffer's bytes object (no join). A first read holding a sixteenth
+    puts the body straight into the frame's own buffer. A size prefix of 100 MiB
+    followed by a little data gets no such buffer."""
+    from kinspect.proxy.server import RAW, CutThrough
 
     cutter = CutThrough(200 * MiB)
     body = os.urandom(MiB)
@@ -1076,6 +1077,15 @@ def test_a_large_frame_is_read_into_the_bytes_it_becomes():
     # 17 reads (1 MiB + the 4-byte prefix); all but the first two went to its buffer
     assert sum(isinstance(x, memoryview) and x.obj is own for x in raws) == 15
     assert b"".join(bytes(x) for x in raws) == stream
+
+    # a first read holding a sixteenth: the body goes from the scratch buffer
+    # straight into the frame's own buffer
+    quick = CutThrough(200 * MiB)
+    buf = quick.read_buffer()
+    buf[:256 * 1024] = stream[:256 * 1024]
+    events = quick.read_done(256 * 1024, lambda corr: False)
+    assert quick.own is not None and quick.fill == 256 * 1024 - 4 and not quick.parts
+    assert [bytes(x) for _, x, _ in events] == [stream[:4], stream[4:256 * 1024]]
 
     big = CutThrough(200 * MiB)
     buf = big.read_buffer()

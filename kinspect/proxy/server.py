@@ -234,6 +234,10 @@ class CutThrough:
         :meth:`feed` returns them (RAW data may be a memoryview here)."""
         view = self.own_view
         if view is None:
+            if n >= 8 and not self.left and not self.head:
+                ev = self._start_own(n, must_hold)
+                if ev is not None:
+                    return ev
             ev = self.feed(bytes(self.scratch[:n]), must_hold)
             if self.left and self.parts:
                 self._own_buffer()
@@ -278,6 +282,35 @@ class CutThrough:
             pos += k
         parts.clear()
         self.own, self.own_view, self.own_data, self.fill = own, view, view.toreadonly(), pos
+
+    def _start_own(self, n: int, must_hold) -> list | None:
+        """A read into the scratch buffer that starts with a frame it does not hold
+        whole: if that frame gets a buffer of its own at once, its body bytes go
+        there straight from the scratch buffer (one copy instead of two) and the
+        events are returned; otherwise ``None`` (:meth:`feed` takes the read)."""
+        scratch = self.scratch
+        size = _I(scratch, 0)[0]
+        got = n - 4
+        if size <= got or size > self.max_frame or size < self.direct_min or \
+                got * self.direct_share < size:
+            return None
+        left = size - got
+        unfilled = self.unfilled
+        if left > unfilled.room:
+            return None
+        hold = bool(must_hold(_I(scratch, 4)[0]))
+        try:
+            own = _FrameBuffer(size) if _FrameBuffer is not None else bytearray(size)
+        except MemoryError:
+            return None
+        unfilled.room -= left
+        view = memoryview(own)
+        view[:got] = scratch[4:n]
+        data = view.toreadonly()
+        self.own, self.own_view, self.own_data, self.fill = own, view, data, got
+        self.left, self.body, self.hold = left, size, hold
+        self.consumed += n
+        return [] if hold else [(RAW, bytes(scratch[:4]), False), (RAW, data[:got], False)]
 
     def clear(self) -> None:
         """Let go of the incomplete frame (the connection is ending): its pieces, its
