@@ -234,8 +234,8 @@ class CutThrough:
         :meth:`feed` returns them (RAW data may be a memoryview here)."""
         view = self.own_view
         if view is None:
-            if n >= 8 and not self.left and not self.head:
-                ev = self._start_own(n, must_hold)
+            if n >= 8 and not self.left and not self.head and _I(self.scratch, 0)[0] > n - 4:
+                ev = self._start_own(n, must_hold)  # the read starts a frame it does not hold
                 if ev is not None:
                     return ev
             ev = self.feed(bytes(self.scratch[:n]), must_hold)
@@ -291,8 +291,7 @@ class CutThrough:
         scratch = self.scratch
         size = _I(scratch, 0)[0]
         got = n - 4
-        if size <= got or size > self.max_frame or size < self.direct_min or \
-                got * self.direct_share < size:
+        if size > self.max_frame or size < self.direct_min or got * self.direct_share < size:
             return None
         left = size - got
         unfilled = self.unfilled
