@@ -962,7 +962,7 @@ def test_cut_through_forwards_every_byte_once_in_order():
 
 def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int],
                             bad: int | None, direct_min: int, direct_share: int,
-                            max_frame: int = 1 << 16):
+                            budget: int, max_frame: int = 1 << 16):
     """Read the stream of ``frames`` (then, if ``bad`` is given, a bad size prefix)
     the way the proxy does: into ``CutThrough.read_buffer()``, at most ``reads[i]``
     bytes at a time (cycled) and never more than the buffer offered, reported with
@@ -971,11 +971,12 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
     show there. Returns what was forwarded, the frames, the errors and, for each
     frame buffer allocated, (its size, the bytes of its frame read by then)."""
     from kinspect.codec import FrameSizeError
-    from kinspect.proxy.server import RAW, CutThrough
+    from kinspect.proxy.server import RAW, CutThrough, Unfilled
 
     good = b"".join(frame(f) for f in frames)
     stream = good if bad is None else good + struct.pack(">i", bad) + b"after"
-    cutter = CutThrough(max_frame, direct_min=direct_min, direct_share=direct_share)
+    cutter = CutThrough(max_frame, direct_min=direct_min, direct_share=direct_share,
+                        unfilled=Unfilled(budget))
     forwarded, ends, errors, allocations = [], [], [], []
     pos, i = 0, 0
     while pos < len(stream):
@@ -992,6 +993,9 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
             errors.append(e.offset)
         if cutter.own is not None and cutter.own is not own_before:
             allocations.append((len(memoryview(cutter.own)), cutter.fill))
+        assert 0 <= cutter.unfilled.room <= budget
+        if cutter.own is not None:  # what the budget holds back is the frame's rest
+            assert cutter.unfilled.room == budget - cutter.left
         for kind, x, was_held in events:
             if kind == RAW:
                 forwarded.append(x)
@@ -1002,6 +1006,8 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
         if errors:
             break
     out = b"".join(bytes(x) for x in forwarded)
+    if not errors:
+        assert cutter.unfilled.room == budget  # all read: the whole budget is back
     return good, out, ends, errors, allocations
 
 
@@ -1012,8 +1018,10 @@ def test_cut_through_reading_into_its_buffers_forwards_every_byte_once(monkeypat
     buffers of their own): the same bytes forwarded, in order, as by ``feed``; the
     frames are the codec's FrameSplitter's, as ``bytes``; held frames come whole;
     a bad size prefix is reported at its offset; a frame's own buffer is never more
-    than ``direct_share`` times what had arrived of it; RAW views stay valid after
-    later reads. With the C extension and without (a bytearray, copied at the end)."""
+    than ``direct_share`` times what had arrived of it, and the budget holds back
+    exactly the unread rest of the frame that has one (a small budget refuses
+    some); RAW views stay valid after later reads. With the C extension and without
+    (a bytearray, copied at the end)."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
@@ -1029,11 +1037,12 @@ def test_cut_through_reading_into_its_buffers_forwards_every_byte_once(monkeypat
     @given(st.lists(st.binary(max_size=300), max_size=6), st.sets(st.integers(0, 5)),
            st.lists(st.integers(1, 500), max_size=10),
            st.one_of(st.none(), st.sampled_from([-1, (1 << 16) + 1])),
-           st.sampled_from([2, 16, 100]), st.sampled_from([1, 2, 16]))
-    def check(bodies, held, reads, bad, direct_min, direct_share):
+           st.sampled_from([2, 16, 100]), st.sampled_from([1, 2, 16]),
+           st.sampled_from([100, 1 << 20]))
+    def check(bodies, held, reads, bad, direct_min, direct_share, budget):
         frames = [struct.pack(">i", i) + b[4:] if len(b) >= 4 else b for i, b in enumerate(bodies)]
         good, out, ends, errors, allocations = _cut_through_reads_case(
-            frames, held, reads, bad, direct_min, direct_share)
+            frames, held, reads, bad, direct_min, direct_share, budget)
         assert out == good
         assert [f for f, _ in ends] == frames
         assert all(type(f) is bytes for f, _ in ends)
@@ -1098,7 +1107,7 @@ def test_a_large_frame_is_read_into_the_bytes_it_becomes():
 
 def test_large_frame_reads_share_a_budget_and_a_scratch_buffer():
     """The proxy's CutThroughs share one scratch buffer and one budget of buffer
-    bytes not read into yet. Two streams read in turn through one scratch arrive
+    bytes not read into yet. Three streams read in turn through one scratch arrive
     intact; reads into a frame's own buffer take at most 256 KiB; a frame whose
     unread rest does not fit the budget is collected in pieces (and still arrives
     whole); clear() gives an abandoned frame's share back; feed() refuses to run

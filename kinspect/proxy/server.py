@@ -173,7 +173,9 @@ class CutThrough:
     frame read so far, and the parts not read into yet of all own buffers sharing
     one :class:`Unfilled` budget come to at most its ``room`` (64 MiB; a frame that
     does not fit is collected in pieces). Otherwise a frame costs what has arrived
-    of it. :meth:`clear` lets go of an incomplete frame.
+    of it. :meth:`clear` lets go of an incomplete frame (the proxy calls it when a
+    connection closes; a draining connection keeps its request frame's share until
+    then).
 
     Raises:
         FrameSizeError: a size prefix outside ``0..max_frame`` (the stream cannot
@@ -284,14 +286,16 @@ class CutThrough:
         self.own, self.own_view, self.own_data, self.fill = own, view, view.toreadonly(), pos
 
     def _start_own(self, n: int, must_hold) -> list | None:
-        """A read into the scratch buffer that starts with a frame it does not hold
-        whole: if that frame gets a buffer of its own at once, its body bytes go
-        there straight from the scratch buffer (one copy instead of two) and the
-        events are returned; otherwise ``None`` (:meth:`feed` takes the read)."""
+        """A read into the scratch buffer that starts with a frame (``n >= 8``, no
+        frame under way): if the read does not hold that frame whole and the frame
+        gets a buffer of its own at once, its body bytes go there straight from the
+        scratch buffer (one copy instead of two) and the events are returned;
+        otherwise ``None`` (:meth:`feed` takes the read)."""
         scratch = self.scratch
         size = _I(scratch, 0)[0]
         got = n - 4
-        if size > self.max_frame or size < self.direct_min or got * self.direct_share < size:
+        if size <= got or size > self.max_frame or size < self.direct_min or \
+                got * self.direct_share < size:
             return None
         left = size - got
         unfilled = self.unfilled
@@ -313,7 +317,8 @@ class CutThrough:
 
     def clear(self) -> None:
         """Let go of the incomplete frame (the connection is ending): its pieces, its
-        own buffer and its share of the budget."""
+        own buffer and its share of the budget. The stream cannot be followed after
+        this: do not feed this CutThrough again."""
         if self.own is not None:
             self.unfilled.room += self.left
             self.own = self.own_view = self.own_data = None
