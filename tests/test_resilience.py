@@ -659,6 +659,50 @@ def test_large_frames_both_ways_on_both_event_loops(tansu, unique, loop, monkeyp
     assert _record_values(_records_of(fetched)) == _record_values(sent_records)
 
 
+async def test_large_frames_on_many_connections_share_the_scratch_and_the_budget(
+        tansu, unique, monkeypatch):
+    """Twelve connections at once each send three 1.5 MiB Produce requests through
+    one proxy whose budget for frame buffers not yet filled is cut to 4 MiB: the
+    connections' reads share the proxy's scratch buffer, some frames get buffers of
+    their own and others wait for room or are collected in pieces. Every request
+    reaches the broker and the flows byte for byte, every response comes back to
+    its connection, and the whole budget is back at the end."""
+    from kinspect.proxy import server
+
+    made = []
+    real = server._FrameBuffer
+    assert real is not None, "kinspect.proxy._frames is not built"
+    monkeypatch.setattr(server, "_FrameBuffer", lambda size: made.append(size) or real(size))
+    topic = unique("many")
+    create_topic(tansu.bootstrap, topic)
+    sent = {c: [produce(100 * c + i, topic, record_batch([os.urandom(3 * MiB // 2)]))
+                for i in range(3)] for c in range(1, 13)}
+
+    async def client(reqs):
+        raw = await Raw.open(*proxy.address)
+        try:
+            return [await roundtrip(raw, q, timeout=60) for q in reqs]
+        finally:
+            raw.close()
+
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        proxy.unfilled.room = 4 * MiB
+        answers = await asyncio.gather(*(client(reqs) for reqs in sent.values()))
+        await proxy.pipeline.drained()
+        assert proxy.unfilled.room == 4 * MiB
+    c = codec()
+    for reqs, resps in zip(sent.values(), answers):
+        for q, r in zip(reqs, resps):
+            assert corr_of(r) == req_corr(q)
+            body = c.decode_response(r, 0, 9).body
+            assert body.Responses[0].PartitionResponses[0].ErrorCode == 0
+    by_corr = {f.correlation_id: f for f in rec.flows if f.api_key == 0}
+    for reqs in sent.values():
+        for q in reqs:
+            assert by_corr[req_corr(q)].request == q
+    assert made, "no frame was read into a buffer of its own"
+
+
 def _record_values(records: bytes) -> list[bytes]:
     from kinspect.codec.records import decode_records
 
