@@ -264,18 +264,11 @@ class CutThrough:
         of it has arrived and the budget has room for the rest; the pieces so far are
         copied into it."""
         size = self.body
-        left = self.left
-        if size < self.direct_min or (size - left) * self.direct_share < size:
+        if size < self.direct_min or (size - self.left) * self.direct_share < size:
             return
-        unfilled = self.unfilled
-        if left > unfilled.room:
+        view = self._take_buffer(size, self.left)
+        if view is None:
             return  # go on collecting pieces, joined at the end
-        try:
-            own = _FrameBuffer(size) if _FrameBuffer is not None else bytearray(size)
-        except MemoryError:
-            return
-        unfilled.room -= left
-        view = memoryview(own)
         pos = 0
         parts = self.parts
         for p in parts:
@@ -283,7 +276,23 @@ class CutThrough:
             view[pos:pos + k] = p
             pos += k
         parts.clear()
-        self.own, self.own_view, self.own_data, self.fill = own, view, view.toreadonly(), pos
+        self.fill = pos
+
+    def _take_buffer(self, size: int, left: int) -> memoryview | None:
+        """A buffer of its own for the current frame (``size`` bytes, ``left`` of them
+        still to come), charged to the budget; ``None`` when the budget has no room
+        for ``left`` or the memory cannot be had. Returns the writable view."""
+        unfilled = self.unfilled
+        if left > unfilled.room:
+            return None
+        try:
+            own = _FrameBuffer(size) if _FrameBuffer is not None else bytearray(size)
+        except MemoryError:
+            return None
+        unfilled.room -= left
+        view = memoryview(own)
+        self.own, self.own_view, self.own_data = own, view, view.toreadonly()
+        return view
 
     def _start_own(self, n: int, must_hold) -> list | None:
         """A read into the scratch buffer that starts with a frame (``n >= 8``, no
@@ -298,22 +307,17 @@ class CutThrough:
                 got * self.direct_share < size:
             return None
         left = size - got
-        unfilled = self.unfilled
-        if left > unfilled.room:
-            return None
+        if left > self.unfilled.room:
+            return None  # before must_hold: feed() asks it once this frame starts
         hold = bool(must_hold(_I(scratch, 4)[0]))
-        try:
-            own = _FrameBuffer(size) if _FrameBuffer is not None else bytearray(size)
-        except MemoryError:
+        view = self._take_buffer(size, left)
+        if view is None:
             return None
-        unfilled.room -= left
-        view = memoryview(own)
         view[:got] = scratch[4:n]
-        data = view.toreadonly()
-        self.own, self.own_view, self.own_data, self.fill = own, view, data, got
-        self.left, self.body, self.hold = left, size, hold
+        self.fill, self.left, self.body, self.hold = got, left, size, hold
         self.consumed += n
-        return [] if hold else [(RAW, bytes(scratch[:4]), False), (RAW, data[:got], False)]
+        return [] if hold else [(RAW, bytes(scratch[:4]), False),
+                                (RAW, self.own_data[:got], False)]
 
     def clear(self) -> None:
         """Let go of the incomplete frame (the connection is ending): its pieces, its
