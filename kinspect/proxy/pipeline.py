@@ -121,6 +121,8 @@ class Pipeline:
         self._waiting_flows = 0
         self._idle = asyncio.Event()
         self._queued_addons = [a for a in self.addons if hasattr(a, "backlog_bytes")]
+        #: the addons' queued bytes when :meth:`behind` last looked
+        self._addon_bytes = 0
         self._recheck: asyncio.TimerHandle | None = None
 
     def attach(self, proxy: Any) -> None:
@@ -138,12 +140,12 @@ class Pipeline:
     # -- events from the proxy (hot path: append and schedule only) -------------
     def _push(self, item: tuple) -> None:
         self._q.append(item)
-        if self._cb_pending or self._draining:
-            return  # the work under way or already scheduled takes it
+        if self._cb_pending or self._draining or self._timer is not None:
+            return  # the work under way, already scheduled, or the armed timer takes it
         self._idle.clear()
         if self.delay <= 0:
             self._schedule()
-        elif self._timer is None:
+        else:
             # the fallback: work starts within ``delay`` even if no request comes.
             # One timer serves many events (it is not re-armed per event, nor
             # cancelled when a kick starts the work first).
@@ -189,7 +191,11 @@ class Pipeline:
                 self.proxy.stats.decode_skipped += 1
         self._waiting_flows += 1
         self._push((_FLOW, flow))
-        self._maybe_pause()
+        # Only this queue grew: the addons' queues grow when the work hands them
+        # events (and are checked then), so their sizes as last seen are an upper bound.
+        if self.pause_bytes is not None and \
+                self.backlog_bytes + self._addon_bytes > self.pause_bytes:
+            self._maybe_pause()
 
     def _maybe_pause(self) -> None:
         if self.pause_bytes is not None and self.proxy is not None and \
@@ -210,14 +216,16 @@ class Pipeline:
         (a capture keeps its lag short that way)."""
         if self.pause_bytes is None:
             return False
-        total = self.backlog_bytes
+        addons = 0
+        over = False
         for a in self._queued_addons:
             b = a.backlog_bytes
-            total += b
+            addons += b
             limit = getattr(a, "pause_bytes", None)
             if limit is not None and b > limit * fraction:
-                return True
-        return total > self.pause_bytes * fraction
+                over = True
+        self._addon_bytes = addons
+        return over or self.backlog_bytes + addons > self.pause_bytes * fraction
 
     def _arm_recheck(self) -> None:
         # while paused, look again every 10 ms: an addon's queue drains on its own

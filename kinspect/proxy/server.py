@@ -45,6 +45,7 @@ _UNSET = object()
 
 _SIZE = struct.Struct(">i").pack
 _I = struct.Struct(">i").unpack_from
+_II = struct.Struct(">ii").unpack_from
 RAW, END = 0, 1
 #: bytes read at once outside a frame's own buffer (what uvloop reads at once)
 SCRATCH = 256 * 1024
@@ -688,7 +689,7 @@ class Connection:
 
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
                  "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
-                 "up_hold", "opened", "closed_ns", "draining", "__weakref__")
+                 "up_hold", "opened", "closed_ns", "draining", "forwarding", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -709,6 +710,9 @@ class Connection:
         self.closed = False
         #: shutting down: requests are no longer forwarded, responses still are
         self.draining = False
+        #: requests go straight to the broker: it is connected, and the connection
+        #: is neither draining nor closed
+        self.forwarding = False
         self._early: list[bytes] = []
         #: why reading is paused (bit set of HOLD_*); reading resumes when empty
         self.client_hold = HOLD_CONNECTING
@@ -776,6 +780,12 @@ class Connection:
         if NO_RESPONSE in flow.flags:
             pipeline.complete(flow)
         return flow
+
+    def requested(self, frame: bytes) -> None:
+        """A request frame went through unchanged (the fast path): note it, and give
+        the pipeline its turn while the broker works (see :meth:`Pipeline.kick`)."""
+        self._request(frame)
+        self.proxy.pipeline.kick()
 
     # -- broker -> client --------------------------------------------------------
     def upstream_read(self, n: int) -> None:
@@ -890,6 +900,7 @@ class Connection:
         if self.closed:
             tr.close()
             return
+        self.forwarding = not self.draining
         if self._early:
             tr.writelines(self._early)
             self._early = []
@@ -902,6 +913,7 @@ class Connection:
         """Shutting down: stop forwarding requests (what the client still sends
         is read and dropped); responses to forwarded requests still go through."""
         self.draining = True
+        self.forwarding = False
         self._early = []
         self.resume_upstream(HOLD_PIPELINE)
         if self.client_hold and not self.client_tr.is_closing():
@@ -915,6 +927,7 @@ class Connection:
         if self.closed:
             return
         self.closed = True
+        self.forwarding = False
         if reason:
             log.log(level, "conn %d (%s): closing: %s", self.id, self.client, reason)
         if self.up_tr is not None and not self.up_tr.is_closing():
@@ -1036,14 +1049,36 @@ class _ClientSide(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         conn = self.conn
-        if conn is None or conn.closed or conn.draining:
-            return self.proxy.scratch  # read and dropped: the connection is ending
-        return conn.req_cut.read_buffer()
+        if conn is not None:
+            cut = conn.req_cut
+            if cut.own_view is None:
+                return cut.scratch  # the proxy's scratch buffer (dropped reads go there too)
+            if not conn.closed and not conn.draining:
+                return cut.read_buffer()
+        return self.proxy.scratch  # read and dropped: the connection is ending
 
     def buffer_updated(self, nbytes: int) -> None:
         conn = self.conn
-        if conn is not None:
-            conn.client_read(nbytes)
+        if conn is None:
+            return
+        cut = conn.req_cut
+        # The common case, in as few Python calls as possible (they are what a
+        # request's latency through the proxy is made of): the read is one whole
+        # request frame, none is under way, and nothing may change it. The same as
+        # client_read() would do (CutThrough.feed's first branch), without the events.
+        if nbytes >= 8 and conn.forwarding and cut.own_view is None and not cut.left \
+                and not cut.head and self.proxy.request_mutator is None:
+            scratch = cut.scratch
+            size = _I(scratch, 0)[0]
+            if size + 4 == nbytes and size <= cut.max_frame:
+                data = bytes(scratch[:nbytes])
+                conn.up_tr.write(data)
+                cut.consumed += nbytes
+                proxy = self.proxy
+                proxy.stats.bytes_from_clients += nbytes
+                conn.requested(data[4:])
+                return
+        conn.client_read(nbytes)
 
     def eof_received(self) -> bool:
         if self.conn is not None:
@@ -1072,10 +1107,30 @@ class _UpstreamSide(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         conn = self.conn
-        return conn.proxy.scratch if conn.closed else conn.resp_cut.read_buffer()
+        cut = conn.resp_cut
+        if cut.own_view is None:
+            return cut.scratch  # the proxy's scratch buffer (dropped reads go there too)
+        return conn.proxy.scratch if conn.closed else cut.read_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.conn.upstream_read(nbytes)
+        conn = self.conn
+        cut = conn.resp_cut
+        # The common case in few Python calls (see _ClientSide.buffer_updated): the
+        # read is one whole response frame that need not be held.
+        if nbytes >= 8 and not conn.closed and cut.own_view is None and not cut.left \
+                and not cut.head:
+            scratch = cut.scratch
+            size, corr = _II(scratch, 0)
+            if size + 4 == nbytes and size <= cut.max_frame and not conn._must_hold(corr):
+                data = bytes(scratch[:nbytes])
+                tr = conn.client_tr
+                if not tr.is_closing():
+                    tr.write(data)
+                cut.consumed += nbytes
+                conn.proxy.stats.bytes_from_brokers += nbytes
+                conn._response(data[4:], False, False)
+                return
+        conn.upstream_read(nbytes)
 
     def eof_received(self) -> bool:
         self.conn.close("broker closed the connection")

@@ -146,7 +146,8 @@ class FlowTracker:
             flow.error = f"request frame of {len(frame)} bytes is shorter than a header"
             return flow
         api_key, api_version, corr = _HHI(frame, 0)
-        flow = self._flow(api_key, api_version, corr, self.codec.api_name(api_key), frame, now)
+        flow = Flow(self.next_flow_id(), self.conn, self.client, self.upstream, api_key,
+                    api_version, corr, self.codec.api_name(api_key), frame, now)
         if api_key == PRODUCE and self.produce_acks(frame, api_version) == 0:
             flow.flags.add(NO_RESPONSE)
             if len(self.acks0) >= 64:
