@@ -142,6 +142,10 @@ class Pipeline:
         self._q.append(item)
         if self._cb_pending or self._draining or self._timer is not None:
             return  # the work under way, already scheduled, or the armed timer takes it
+        self._arm()
+
+    def _arm(self) -> None:
+        """Make sure the queued events will be worked on (see ``delay``)."""
         self._idle.clear()
         if self.delay <= 0:
             self._schedule()
@@ -170,7 +174,9 @@ class Pipeline:
     def request(self, flow: Flow) -> None:
         """A request was forwarded (called right after the write)."""
         self.backlog_bytes += len(flow.request)
-        self._push((_REQ, flow))
+        self._q.append((_REQ, flow))  # _push(), inline: this runs for every request
+        if not (self._cb_pending or self._draining or self._timer is not None):
+            self._arm()
 
     def kick(self) -> None:
         """Start the queued work now, for up to ``slice_seconds`` (the rest continues
@@ -190,7 +196,9 @@ class Pipeline:
             if self.proxy is not None:
                 self.proxy.stats.decode_skipped += 1
         self._waiting_flows += 1
-        self._push((_FLOW, flow))
+        self._q.append((_FLOW, flow))  # _push(), inline: this runs for every flow
+        if not (self._cb_pending or self._draining or self._timer is not None):
+            self._arm()
         # Only this queue grew: the addons' queues grow when the work hands them
         # events (and are checked then), so their sizes as last seen are an upper bound.
         if self.pause_bytes is not None and \

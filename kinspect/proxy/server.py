@@ -781,12 +781,6 @@ class Connection:
             pipeline.complete(flow)
         return flow
 
-    def requested(self, frame: bytes) -> None:
-        """A request frame went through unchanged (the fast path): note it, and give
-        the pipeline its turn while the broker works (see :meth:`Pipeline.kick`)."""
-        self._request(frame)
-        self.proxy.pipeline.kick()
-
     # -- broker -> client --------------------------------------------------------
     def upstream_read(self, n: int) -> None:
         """``n`` bytes were read from the broker into ``resp_cut.read_buffer()``."""
@@ -847,8 +841,10 @@ class Connection:
         if corr is None:
             return False
         flow = self.tracker.peek(corr)
-        return (flow is not None and flow.api_key >= 0 and
-                proxy.rewrite_needed(flow.api_key, flow.api_version))
+        if flow is None or flow.api_key < 0:
+            return False
+        need = proxy._rw_cache.get((flow.api_key, flow.api_version))
+        return proxy.rewrite_needed(flow.api_key, flow.api_version) if need is None else need
 
     def _response(self, frame: bytes, held: bool = True, change: bool = True) -> bytes:
         """Pair a response frame and hand it to the pipeline. With ``change``, a held
@@ -1076,7 +1072,8 @@ class _ClientSide(asyncio.BufferedProtocol):
                 cut.consumed += nbytes
                 proxy = self.proxy
                 proxy.stats.bytes_from_clients += nbytes
-                conn.requested(data[4:])
+                conn._request(data[4:])
+                proxy.pipeline.kick()  # as client_read does
                 return
         conn.client_read(nbytes)
 
@@ -1127,8 +1124,11 @@ class _UpstreamSide(asyncio.BufferedProtocol):
                 if not tr.is_closing():
                     tr.write(data)
                 cut.consumed += nbytes
-                conn.proxy.stats.bytes_from_brokers += nbytes
-                conn._response(data[4:], False, False)
+                proxy = conn.proxy
+                proxy.stats.bytes_from_brokers += nbytes
+                # what _response() does for a frame that was not held (the same flow
+                # _must_hold looked at: nothing came between)
+                proxy.pipeline.complete(conn.tracker.response(data[4:], time.time_ns()))
                 return
         conn.upstream_read(nbytes)
 

@@ -26,6 +26,7 @@ from ..flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNDECODED, UNPAIRED, Flow
 
 PRODUCE = 0
 SASL_HANDSHAKE = 17
+_UNSET = object()
 _HHI = struct.Struct(">hhi").unpack_from
 _I = struct.Struct(">i").unpack_from
 _H = struct.Struct(">h").unpack_from
@@ -106,7 +107,7 @@ class FlowTracker:
     """
 
     __slots__ = ("codec", "conn", "client", "upstream", "next_flow_id", "pending", "inflight",
-                 "sasl_raw", "acks0")
+                 "sasl_raw", "acks0", "names", "acks_plans")
 
     def __init__(self, codec: Codec, conn: int, client: str, upstream: str,
                  next_flow_id: Callable[[], int]):
@@ -122,6 +123,10 @@ class FlowTracker:
         self.sasl_raw = False
         #: recent acks=0 Produce requests by correlation id, to explain a stray answer
         self.acks0: dict[int, Flow] = {}
+        #: api names by api key (this connection's; asked for every request)
+        self.names: dict[int, str] = {}
+        #: Produce ``Acks`` skip plans by api version (shared per spec registry)
+        self.acks_plans = self._plans()
 
     def _flow(self, api_key: int, api_version: int, corr: int, name: str, frame: bytes,
               now: int) -> Flow:
@@ -146,8 +151,11 @@ class FlowTracker:
             flow.error = f"request frame of {len(frame)} bytes is shorter than a header"
             return flow
         api_key, api_version, corr = _HHI(frame, 0)
+        name = self.names.get(api_key)
+        if name is None:
+            name = self.names[api_key] = self.codec.api_name(api_key)
         flow = Flow(self.next_flow_id(), self.conn, self.client, self.upstream, api_key,
-                    api_version, corr, self.codec.api_name(api_key), frame, now)
+                    api_version, corr, name, frame, now)
         if api_key == PRODUCE and self.produce_acks(frame, api_version) == 0:
             flow.flags.add(NO_RESPONSE)
             if len(self.acks0) >= 64:
@@ -165,7 +173,9 @@ class FlowTracker:
         On the forwarding path: the header and the fields before ``Acks`` are
         skipped with a plan computed once per version from the RequestHeader and
         ProduceRequest specs; the generic decoder is the fallback."""
-        plan = self._acks_plan(api_version)
+        plan = self.acks_plans.get(api_version, _UNSET)
+        if plan is _UNSET:
+            plan = self._acks_plan(api_version)
         if plan is not None:
             try:
                 pos = _skip(plan, frame)
@@ -181,16 +191,21 @@ class FlowTracker:
         except Exception:  # noqa: BLE001 - e.g. no Produce spec loaded: forward regardless
             return None
 
-    def _acks_plan(self, api_version: int) -> tuple | None:
+    def _plans(self) -> dict[int, tuple | None]:
         registry = self.codec.registry
         plans = _ACKS_PLANS.get(registry)
         if plans is None:
             plans = _ACKS_PLANS[registry] = {}
+        return plans
+
+    def _acks_plan(self, api_version: int) -> tuple | None:
+        plans = self.acks_plans
         try:
             return plans[api_version]
         except KeyError:
             pass
         plan = None
+        registry = self.codec.registry
         try:
             hv = self.codec.request_header_version(PRODUCE, api_version)
             spec = registry.request(PRODUCE)
