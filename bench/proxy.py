@@ -34,6 +34,12 @@ measurement:
 3. a latency loop: ``--latency`` times produce one 100-byte message and
    ``flush()``; p50/p99 of these round trips.
 
+Then, once, latency interleaved request by request: every mode in front of one
+broker at once, and a raw-socket client sending ``--interleaved`` Produce requests
+(acks=1, one 100-byte record) through each mode in turn, so that every mode's round
+trips meet the same machine state; the difference to the forwarder is taken turn
+by turn.
+
 Then, once per proxy mode, memory: RSS of the proxy process before and after
 opening ``--idle`` idle connections (each sends one ApiVersions request and
 waits), and before/during ``--busy`` busy connections (each sends 10 KiB Produce
@@ -133,7 +139,7 @@ class ProxyProcess:
         else:
             cmd = [sys.executable, str(Path(__file__).resolve()), "serve", "--mode", mode,
                    "--upstream", upstream, "--listen", f"127.0.0.1:{listen_port}",
-                   "--capture", str(workdir / "bench.jsonl")]
+                   "--capture", str(workdir / f"bench-{mode}.jsonl")]
             if os.environ.get("KINSPECT_BENCH_PROFILE"):
                 cmd += ["--profile", os.environ["KINSPECT_BENCH_PROFILE"] + f".{mode}"]
         self.err_path = workdir / f"{mode}.stderr"
@@ -501,6 +507,83 @@ def _measure_memory(mode: str, args: argparse.Namespace, workdir: Path) -> dict[
 
 
 # ---------------------------------------------------------------------------
+# latency, interleaved request by request (raw sockets)
+# ---------------------------------------------------------------------------
+
+def _interleaved_latency(modes: list[str], n: int, warmup: int,
+                         workdir: Path) -> dict[str, dict[str, float]]:
+    """Every mode in front of one broker at once; a raw-socket client sends one
+    Produce v9 request (acks=1, one 100-byte record) through each mode in turn and
+    waits for its response, ``warmup + n`` times, starting each turn at a different
+    mode. Returns, per mode, p50/p99 in µs and (for proxies) the median over turns
+    of its round trip minus the forwarder's in the same turn."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from kinspect.brokers import TansuBroker
+    from kinspect.codec import Codec
+
+    codec = Codec()
+    broker = TansuBroker().start()
+    procs: dict[str, ProxyProcess] = {}
+    socks: dict[str, socket.socket] = {}
+    try:
+        addrs = {"direct": broker.bootstrap}
+        for m in modes:
+            if m != "direct":
+                procs[m] = ProxyProcess(m, broker.bootstrap, free_port(), workdir)
+                addrs[m] = procs[m].address
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for fut in admin.create_topics([NewTopic("bench-interleaved", 1, 1)]).values():
+            fut.result(timeout=20)
+        body = _produce_body("bench-interleaved", SMALL)
+        for m, addr in addrs.items():
+            host, port = addr.rsplit(":", 1)
+            sk = socks[m] = socket.create_connection((host, int(port)), timeout=10)
+            sk.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        names = list(addrs)
+        times: dict[str, list[float]] = {m: [] for m in names}
+        for i in range(warmup + n):
+            req = _raw_request(codec, 0, 9, i, body)
+            k = i % len(names)
+            for m in names[k:] + names[:k]:
+                sk = socks[m]
+                t0 = time.perf_counter_ns()
+                sk.sendall(req)
+                size = int.from_bytes(_recv_exactly(sk, 4), "big", signed=True)
+                resp = _recv_exactly(sk, size)
+                t1 = time.perf_counter_ns()
+                if int.from_bytes(resp[:4], "big", signed=True) != i:
+                    raise RuntimeError(f"{m}: correlation id mismatch")
+                if i >= warmup:
+                    times[m].append((t1 - t0) / 1000)
+    finally:
+        for sk in socks.values():
+            sk.close()
+        for p in procs.values():
+            p.stop()
+        broker.stop()
+    out: dict[str, dict[str, float]] = {}
+    fwd = times.get("forwarder")
+    for m, v in times.items():
+        srt = sorted(v)
+        out[m] = {"p50": statistics.median(v), "p99": srt[min(len(v) - 1, int(len(v) * 0.99))],
+                  "n": len(v)}
+        if fwd is not None and m not in ("direct", "forwarder"):
+            out[m]["d_vs_fwd"] = statistics.median(a - b for a, b in zip(v, fwd))
+    return out
+
+
+def _recv_exactly(sk: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sk.recv(n - len(buf))
+        if not chunk:
+            raise RuntimeError("connection closed mid-frame")
+        buf += chunk
+    return bytes(buf)
+
+
+# ---------------------------------------------------------------------------
 # orchestration and report
 # ---------------------------------------------------------------------------
 
@@ -550,6 +633,10 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                       f"100B {m['produce_small_msgs']:.0f} msg/s; consume 10KiB "
                       f"{m['consume_large_mb']:.1f} MB/s; latency p50 {m['lat_p50']:.0f} µs "
                       f"p99 {m['lat_p99']:.0f} µs", file=sys.stderr, flush=True)
+        interleaved = {}
+        if args.interleaved:
+            interleaved = _interleaved_latency(modes, args.interleaved, args.warmup, workdir)
+            print(f"interleaved latency: {interleaved}", file=sys.stderr, flush=True)
         memory = {}
         if args.idle or args.busy:
             for mode in modes:
@@ -557,7 +644,8 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                     continue
                 memory[mode] = _measure_memory(mode, args, workdir)
                 print(f"memory {mode}: {memory[mode]}", file=sys.stderr, flush=True)
-    return {"raw": raw, "proxy_stats": stats, "memory": memory, "args": vars(args),
+    return {"raw": raw, "proxy_stats": stats, "memory": memory, "interleaved": interleaved,
+            "args": vars(args),
             "loadavg": [load_before, os.getloadavg()], "run_at": run_at,
             "cpu_count": os.cpu_count()}
 
@@ -642,6 +730,21 @@ def report(data: dict[str, Any]) -> str:
                 cells.append(f"×{statistics.median(rs):.2f} ({min(rs):.2f}–{max(rs):.2f})"
                              if rs else "-")
             lines.append(f"| {m} | " + " | ".join(cells) + f" | {busy} |")
+    if data.get("interleaved"):
+        il = data["interleaved"]
+        lines.append("")
+        lines.append(f"Latency interleaved request by request: every mode in front of one "
+                     f"broker at once, a raw-socket client sending one Produce v9 request "
+                     f"(acks=1, one 100-byte record) through each mode in turn, "
+                     f"{args['interleaved']} turns (+{args['warmup']} warm-up). The last "
+                     f"column is the median over turns of the mode's round trip minus the "
+                     f"forwarder's in the same turn.")
+        lines.append("")
+        lines.append("| mode | p50 µs | p99 µs | Δ vs forwarder, paired by turn µs |")
+        lines.append("|---|---|---|---|")
+        for m, r in il.items():
+            d = f"{r['d_vs_fwd']:+.0f}" if "d_vs_fwd" in r else "-"
+            lines.append(f"| {m} | {r['p50']:.0f} | {r['p99']:.0f} | {d} |")
     if data.get("memory"):
         lines.append("")
         lines.append(f"| mode | RSS at start MiB | KiB per idle connection ({args['idle']}) | "
@@ -698,6 +801,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--warmup", type=int, default=100, help="latency loop warm-up")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=ALL_MODES)
+    ap.add_argument("--interleaved", type=int, default=3000,
+                    help="raw-socket Produce round trips per mode, interleaved (0: none)")
     ap.add_argument("--idle", type=int, default=500, help="idle connections for memory")
     ap.add_argument("--busy", type=int, default=50, help="busy connections for memory")
     ap.add_argument("--busy-seconds", type=float, default=3.0)
