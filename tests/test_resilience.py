@@ -1231,14 +1231,19 @@ def test_frame_buffer_extension_contract():
             FrameBuffer(size)
 
 
-async def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
-        tansu, monkeypatch):
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
+        tansu, monkeypatch, loop):
     """A read that is exactly one whole frame, with no frame under way and nothing to
     hold it for, is forwarded by the protocol's ``buffer_updated`` itself (fewer
     Python calls before the write: that is a request's latency through the proxy).
     Other reads (several frames, a frame in pieces, a response held for address
-    rewriting) go through ``Connection.client_read`` / ``upstream_read``. Both ways
-    forward the same bytes and give the pipeline the same flows."""
+    rewriting, any request while a request mutator is set) go through
+    ``Connection.client_read`` / ``upstream_read``. Both ways forward the same bytes,
+    count them the same (stats, ``CutThrough.consumed``) and give the pipeline the
+    same flows; on asyncio's event loop and on uvloop's."""
+    import uvloop
+
     from kinspect.proxy import server
 
     general = {"client_read": 0, "upstream_read": 0}
@@ -1249,39 +1254,64 @@ async def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
         monkeypatch.setattr(server.Connection, name, counted)
     sent: list[bytes] = []
     got: list[bytes] = []
-    async with running_proxy(tansu.bootstrap) as (proxy, rec):
-        raw = await Raw.open(*proxy.address)
-        for corr in range(1, 21):  # one request per write, each answered first
-            req = api_versions(corr)
-            sent.append(req)
-            got.append(await roundtrip(raw, req))
-        after_single = dict(general)
-        sent += [api_versions(21), metadata(22), api_versions(23)]
-        raw.send(*sent[-3:])  # three frames in one read; Metadata is held (rewriting)
-        for _ in range(3):
+    seen: dict = {}
+
+    async def main():
+        async with running_proxy(tansu.bootstrap) as (proxy, rec):
+            raw = await Raw.open(*proxy.address)
+            # (the first request may be read before the broker connection is up: then
+            # it waits, on the long path)
+            sent.append(api_versions(1))
+            got.append(await roundtrip(raw, sent[-1]))
+            first = dict(general)
+            for corr in range(2, 21):  # one request per write, each answered first
+                sent.append(api_versions(corr))
+                got.append(await roundtrip(raw, sent[-1]))
+            seen["single"] = {k: general[k] - first[k] for k in general}
+            sent.extend([api_versions(21), metadata(22), api_versions(23)])
+            raw.send(*sent[-3:])  # three frames in one read; Metadata is held (rewriting)
+            for _ in range(3):
+                got.append(await raw.read())
+            sent.append(api_versions(24))
+            whole = frame(sent[-1])
+            raw.writer.write(whole[:6])  # a frame in two reads
+            await raw.writer.drain()
+            await asyncio.sleep(0.05)
+            raw.writer.write(whole[6:])
             got.append(await raw.read())
-        split = frame(api_versions(24))
-        sent.append(api_versions(24))
-        raw.writer.write(split[:6])  # a frame in two reads
-        await raw.writer.drain()
-        await asyncio.sleep(0.05)
-        raw.writer.write(split[6:])
-        got.append(await raw.read())
-        raw.close()
-    assert after_single["client_read"] == 0, "a whole single request took the long way"
-    # (a broker may write a response in two pieces, but not all twenty)
-    assert after_single["upstream_read"] < 20, "no single response took the short path"
-    assert general["client_read"] >= 3, general  # the three-frame read and the two pieces
+            before = general["client_read"]
+            proxy.request_mutator = lambda flow, frame: None  # holds requests, changes none
+            sent.append(api_versions(25))
+            got.append(await roundtrip(raw, sent[-1]))
+            seen["mutator"] = general["client_read"] - before
+            conn = next(iter(proxy.connections))
+            seen["consumed"] = (conn.req_cut.consumed, conn.resp_cut.consumed)
+            raw.close()
+            await proxy.pipeline.drained()
+            return proxy.stats, rec.flows
+
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        stats, flows = ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
+    assert seen["single"]["client_read"] == 0, "a whole single request took the long way"
+    # (a broker may write a response in pieces now and then, but not half of them)
+    assert seen["single"]["upstream_read"] <= 9, "single responses took the long way"
+    assert general["client_read"] >= 4, general  # three frames at once, two pieces, mutator
+    assert seen["mutator"] == 1, "a request mutator's request took the short path"
     assert general["upstream_read"] >= 1, general  # at least the held Metadata response
-    flows = sorted(rec.flows, key=lambda f: f.correlation_id)
-    assert [f.correlation_id for f in flows] == list(range(1, 25))
+    flows = sorted(flows, key=lambda f: f.correlation_id)
+    assert [f.correlation_id for f in flows] == list(range(1, 26))
     assert [f.request for f in flows] == sent
     assert [f.response_sent or f.response for f in flows] == got
     assert all(not f.flags - {"rewritten"} for f in flows), [f.flags for f in flows]
     assert all(f.request_ns <= f.response_ns for f in flows)
-    assert proxy.stats.bytes_from_clients == sum(len(f) + 4 for f in sent)
-    assert proxy.stats.bytes_from_brokers == sum(len(f.response) + 4 for f in flows)
-    print("reads through the general path:", general)
+    read_from_client = sum(len(f) + 4 for f in sent)
+    read_from_broker = sum(len(f.response) + 4 for f in flows)
+    assert stats.bytes_from_clients == read_from_client
+    assert stats.bytes_from_brokers == read_from_broker
+    assert seen["consumed"] == (read_from_client, read_from_broker)
 
 
 # ---------------------------------------------------------------------------

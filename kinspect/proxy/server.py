@@ -152,9 +152,11 @@ class CutThrough:
 
     Two ways in. :meth:`feed` takes bytes already read. :meth:`read_buffer` and
     :meth:`read_done` are for reading from the socket straight into CutThrough's
-    buffers (asyncio's ``BufferedProtocol``): outside large frames, reads go to a
-    256 KiB scratch buffer and are copied out as ``feed`` input (the copy the event
-    loop makes for ``data_received``). Once a sixteenth of a frame of at least
+    buffers (asyncio's ``BufferedProtocol``; the proxy's protocols handle a read of
+    exactly one whole frame themselves when nothing is under way, as ``feed``'s
+    first branch does, and add it to :attr:`consumed`): outside large frames, reads
+    go to a 256 KiB scratch buffer and are copied out as ``feed`` input (the copy
+    the event loop makes for ``data_received``). Once a sixteenth of a frame of at least
     ``direct_min`` bytes has arrived, the frame gets a buffer of its own size (a
     :class:`~kinspect.proxy._frames.FrameBuffer` when the C extension is built: the
     bytes object itself) and the rest of its body is read into it: those bytes are
@@ -225,7 +227,9 @@ class CutThrough:
         """Where the next read from the socket goes (for
         ``BufferedProtocol.get_buffer``): the rest of the current frame's own
         buffer, or the scratch buffer; at most :data:`SCRATCH` bytes either way.
-        Report what was read with :meth:`read_done` before asking again."""
+        Report what was read with :meth:`read_done` before asking again (or, for a
+        read into the scratch buffer that is one whole frame with nothing under
+        way, forward it and add it to :attr:`consumed`: see the proxy's protocols)."""
         if self.own_view is not None:  # at most SCRATCH at once, as flow control expects
             return self.own_view[self.fill:self.fill + SCRATCH]
         if self.scratch is None:

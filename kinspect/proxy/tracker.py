@@ -107,7 +107,7 @@ class FlowTracker:
     """
 
     __slots__ = ("codec", "conn", "client", "upstream", "next_flow_id", "pending", "inflight",
-                 "sasl_raw", "acks0", "names", "acks_plans")
+                 "sasl_raw", "acks0", "acks_plans")
 
     def __init__(self, codec: Codec, conn: int, client: str, upstream: str,
                  next_flow_id: Callable[[], int]):
@@ -123,8 +123,6 @@ class FlowTracker:
         self.sasl_raw = False
         #: recent acks=0 Produce requests by correlation id, to explain a stray answer
         self.acks0: dict[int, Flow] = {}
-        #: api names by api key (this connection's; asked for every request)
-        self.names: dict[int, str] = {}
         #: Produce ``Acks`` skip plans by api version (shared per spec registry)
         self.acks_plans = self._plans()
 
@@ -151,11 +149,8 @@ class FlowTracker:
             flow.error = f"request frame of {len(frame)} bytes is shorter than a header"
             return flow
         api_key, api_version, corr = _HHI(frame, 0)
-        name = self.names.get(api_key)
-        if name is None:
-            name = self.names[api_key] = self.codec.api_name(api_key)
         flow = Flow(self.next_flow_id(), self.conn, self.client, self.upstream, api_key,
-                    api_version, corr, name, frame, now)
+                    api_version, corr, self.codec.api_name(api_key), frame, now)
         if api_key == PRODUCE and self.produce_acks(frame, api_version) == 0:
             flow.flags.add(NO_RESPONSE)
             if len(self.acks0) >= 64:
