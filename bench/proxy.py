@@ -34,9 +34,9 @@ measurement:
 3. a latency loop: ``--latency`` times produce one 100-byte message and
    ``flush()``; p50/p99 of these round trips.
 
-Then, once, latency interleaved request by request: every mode in front of one
-broker at once, and a raw-socket client sending ``--interleaved`` Produce requests
-(acks=1, one 100-byte record) through each mode in turn, so that every mode's round
+Then, once, the latency loop interleaved message by message: every mode set up at
+once (each with its own fresh broker), one producer per mode, and ``--interleaved``
+turns, each one produce-and-flush through every mode, so that every mode's round
 trips meet the same machine state; the difference to the forwarder is taken turn
 by turn.
 
@@ -512,75 +512,52 @@ def _measure_memory(mode: str, args: argparse.Namespace, workdir: Path) -> dict[
 
 def _interleaved_latency(modes: list[str], n: int, warmup: int,
                          workdir: Path) -> dict[str, dict[str, float]]:
-    """Every mode in front of one broker at once; a raw-socket client sends one
-    Produce v9 request (acks=1, one 100-byte record) through each mode in turn and
-    waits for its response, ``warmup + n`` times, starting each turn at a different
-    mode. Returns, per mode, p50/p99 in µs and (for proxies) the median over turns
+    """The latency loop (produce one 100-byte message, ``flush()``) interleaved
+    message by message: every mode is set up at once (each with its own fresh
+    broker, as in the rounds), one confluent-kafka producer per mode, and each turn
+    runs one round trip through every mode, starting at a different mode each turn.
+    Returns, per mode, p50/p99 in µs and (for kinspect modes) the median over turns
     of its round trip minus the forwarder's in the same turn."""
+    from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from kinspect.brokers import TansuBroker
-    from kinspect.codec import Codec
-
-    codec = Codec()
-    broker = TansuBroker().start()
-    procs: dict[str, ProxyProcess] = {}
-    socks: dict[str, socket.socket] = {}
+    setups: dict[str, Setup] = {}
+    producers: dict[str, Any] = {}
     try:
-        addrs = {"direct": broker.bootstrap}
         for m in modes:
-            if m != "direct":
-                procs[m] = ProxyProcess(m, broker.bootstrap, free_port(), workdir)
-                addrs[m] = procs[m].address
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-        for fut in admin.create_topics([NewTopic("bench-interleaved", 1, 1)]).values():
-            fut.result(timeout=20)
-        body = _produce_body("bench-interleaved", SMALL)
-        for m, addr in addrs.items():
-            host, port = addr.rsplit(":", 1)
-            sk = socks[m] = socket.create_connection((host, int(port)), timeout=10)
-            sk.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        names = list(addrs)
+            setups[m] = Setup(m, workdir)
+        for m, s in setups.items():
+            common = {"bootstrap.servers": s.bootstrap, "client.id": "kinspect-bench"}
+            admin = AdminClient(common)
+            for fut in admin.create_topics([NewTopic("bench-interleaved", 1, 1)]).values():
+                fut.result(timeout=20)
+            producers[m] = Producer({**common, "acks": 1, "linger.ms": 5})
+        value = os.urandom(SMALL)
+        names = list(setups)
         times: dict[str, list[float]] = {m: [] for m in names}
         for i in range(warmup + n):
-            req = _raw_request(codec, 0, 9, i, body)
             k = i % len(names)
             for m in names[k:] + names[:k]:
-                sk = socks[m]
+                p = producers[m]
                 t0 = time.perf_counter_ns()
-                sk.sendall(req)
-                size = int.from_bytes(_recv_exactly(sk, 4), "big", signed=True)
-                resp = _recv_exactly(sk, size)
-                t1 = time.perf_counter_ns()
-                if int.from_bytes(resp[:4], "big", signed=True) != i:
-                    raise RuntimeError(f"{m}: correlation id mismatch")
+                p.produce("bench-interleaved", value)
+                if p.flush(10):
+                    raise RuntimeError(f"{m}: latency message not delivered")
                 if i >= warmup:
-                    times[m].append((t1 - t0) / 1000)
+                    times[m].append((time.perf_counter_ns() - t0) / 1000)
     finally:
-        for sk in socks.values():
-            sk.close()
-        for p in procs.values():
-            p.stop()
-        broker.stop()
+        producers.clear()
+        for s in setups.values():
+            s.stop()
     out: dict[str, dict[str, float]] = {}
     fwd = times.get("forwarder")
     for m, v in times.items():
         srt = sorted(v)
         out[m] = {"p50": statistics.median(v), "p99": srt[min(len(v) - 1, int(len(v) * 0.99))],
                   "n": len(v)}
-        if fwd is not None and m not in ("direct", "forwarder"):
+        if fwd is not None and m.startswith("kinspect"):
             out[m]["d_vs_fwd"] = statistics.median(a - b for a, b in zip(v, fwd))
     return out
-
-
-def _recv_exactly(sk: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sk.recv(n - len(buf))
-        if not chunk:
-            raise RuntimeError("connection closed mid-frame")
-        buf += chunk
-    return bytes(buf)
 
 
 # ---------------------------------------------------------------------------
@@ -733,12 +710,12 @@ def report(data: dict[str, Any]) -> str:
     if data.get("interleaved"):
         il = data["interleaved"]
         lines.append("")
-        lines.append(f"Latency interleaved request by request: every mode in front of one "
-                     f"broker at once, a raw-socket client sending one Produce v9 request "
-                     f"(acks=1, one 100-byte record) through each mode in turn, "
-                     f"{args['interleaved']} turns (+{args['warmup']} warm-up). The last "
-                     f"column is the median over turns of the mode's round trip minus the "
-                     f"forwarder's in the same turn.")
+        lines.append(f"Latency loop interleaved message by message: every mode set up at "
+                     f"once (each with its own broker), one producer per mode, each turn "
+                     f"one produce-and-flush through every mode, {args['interleaved']} "
+                     f"turns (+{args['warmup']} warm-up). The last column is the median "
+                     f"over turns of the mode's round trip minus the forwarder's in the "
+                     f"same turn.")
         lines.append("")
         lines.append("| mode | p50 µs | p99 µs | Δ vs forwarder, paired by turn µs |")
         lines.append("|---|---|---|---|")
@@ -802,7 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=ALL_MODES)
     ap.add_argument("--interleaved", type=int, default=3000,
-                    help="raw-socket Produce round trips per mode, interleaved (0: none)")
+                    help="latency-loop round trips per mode, interleaved (0: none)")
     ap.add_argument("--idle", type=int, default=500, help="idle connections for memory")
     ap.add_argument("--busy", type=int, default=50, help="busy connections for memory")
     ap.add_argument("--busy-seconds", type=float, default=3.0)

@@ -1237,11 +1237,12 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     """A read that is exactly one whole frame, with no frame under way and nothing to
     hold it for, is forwarded by the protocol's ``buffer_updated`` itself (fewer
     Python calls before the write: that is a request's latency through the proxy).
-    Other reads (several frames, a frame in pieces, a response held for address
-    rewriting, any request while a request mutator is set) go through
-    ``Connection.client_read`` / ``upstream_read``. Both ways forward the same bytes,
-    count them the same (stats, ``CutThrough.consumed``) and give the pipeline the
-    same flows; on asyncio's event loop and on uvloop's."""
+    A whole response held for address rewriting (Metadata here) is rewritten there
+    too. Other reads (several frames, a frame in pieces, any frame while a request or
+    response mutator is set) go through ``Connection.client_read`` /
+    ``upstream_read``. Both ways forward the same bytes, count them the same (stats,
+    ``CutThrough.consumed``) and give the pipeline the same flows; on asyncio's event
+    loop and on uvloop's."""
     import uvloop
 
     from kinspect.proxy import server
@@ -1279,11 +1280,17 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
             await asyncio.sleep(0.05)
             raw.writer.write(whole[6:])
             got.append(await raw.read())
-            before = general["client_read"]
-            proxy.request_mutator = lambda flow, frame: None  # holds requests, changes none
-            sent.append(api_versions(25))
+            before = general["upstream_read"]
+            for corr in range(25, 30):  # alone: held for rewriting, whole in one read
+                sent.append(metadata(corr))
+                got.append(await roundtrip(raw, sent[-1]))
+            seen["metadata"] = general["upstream_read"] - before
+            before = dict(general)
+            proxy.request_mutator = lambda flow, frame: None  # hold every frame,
+            proxy.response_mutator = lambda flow, frame: None  # change none
+            sent.append(api_versions(30))
             got.append(await roundtrip(raw, sent[-1]))
-            seen["mutator"] = general["client_read"] - before
+            seen["mutator"] = {k: general[k] - before[k] for k in general}
             conn = next(iter(proxy.connections))
             seen["consumed"] = (conn.req_cut.consumed, conn.resp_cut.consumed)
             raw.close()
@@ -1299,13 +1306,16 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     # (a broker may write a response in pieces now and then, but not half of them)
     assert seen["single"]["upstream_read"] <= 9, "single responses took the long way"
     assert general["client_read"] >= 4, general  # three frames at once, two pieces, mutator
-    assert seen["mutator"] == 1, "a request mutator's request took the short path"
-    assert general["upstream_read"] >= 1, general  # at least the held Metadata response
+    assert seen["metadata"] < 5, "no held Metadata response took the short path"
+    assert seen["mutator"]["client_read"] == 1, "a request mutator's frame took the short path"
+    assert seen["mutator"]["upstream_read"] >= 1, "a response mutator's frame took it"
     flows = sorted(flows, key=lambda f: f.correlation_id)
-    assert [f.correlation_id for f in flows] == list(range(1, 26))
+    assert [f.correlation_id for f in flows] == list(range(1, 31))
+    for f in flows:  # every Metadata response was rewritten; nothing else was
+        assert f.flags == ({"rewritten"} if f.api_key == 3 else set()), f
+        assert (f.response_sent is not None) == (f.api_key == 3), f
     assert [f.request for f in flows] == sent
     assert [f.response_sent or f.response for f in flows] == got
-    assert all(not f.flags - {"rewritten"} for f in flows), [f.flags for f in flows]
     assert all(f.request_ns <= f.response_ns for f in flows)
     read_from_client = sum(len(f) + 4 for f in sent)
     read_from_broker = sum(len(f.response) + 4 for f in flows)

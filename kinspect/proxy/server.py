@@ -829,26 +829,28 @@ class Connection:
     def _rewrite_held(self, frame: bytes) -> bytes:
         """The bytes to send for a frame held for address rewriting (before it is
         paired: the flow it will pair with is looked up without changing state)."""
-        flow = self.tracker.peek(_I(frame, 0)[0])
-        if (flow is None or flow.api_key < 0 or
-                not self.proxy.rewrite_needed(flow.api_key, flow.api_version)):
-            return frame
-        return self._rewrite(flow, frame)
+        flow = self._to_rewrite(_I(frame, 0)[0])
+        return frame if flow is None else self._rewrite(flow, frame)
+
+    def _to_rewrite(self, corr: int | None) -> Flow | None:
+        """The flow the response with correlation id ``corr`` will pair with, when
+        that response may carry broker addresses to rewrite; else ``None``."""
+        if corr is None:
+            return None
+        flow = self.tracker.peek(corr)
+        if flow is None or flow.api_key < 0:
+            return None
+        proxy = self.proxy
+        need = proxy._rw_cache.get((flow.api_key, flow.api_version))
+        if need is None:
+            need = proxy.rewrite_needed(flow.api_key, flow.api_version)
+        return flow if need else None
 
     def _must_hold(self, corr: int | None) -> bool:
         """Whether the response frame with correlation id ``corr`` must be held
         whole before it is sent: a mutator may replace it, or it may carry broker
         addresses to rewrite."""
-        proxy = self.proxy
-        if proxy.response_mutator is not None:
-            return True
-        if corr is None:
-            return False
-        flow = self.tracker.peek(corr)
-        if flow is None or flow.api_key < 0:
-            return False
-        need = proxy._rw_cache.get((flow.api_key, flow.api_version))
-        return proxy.rewrite_needed(flow.api_key, flow.api_version) if need is None else need
+        return self.proxy.response_mutator is not None or self._to_rewrite(corr) is not None
 
     def _response(self, frame: bytes, held: bool = True, change: bool = True) -> bytes:
         """Pair a response frame and hand it to the pipeline. With ``change``, a held
@@ -1117,22 +1119,32 @@ class _UpstreamSide(asyncio.BufferedProtocol):
         conn = self.conn
         cut = conn.resp_cut
         # The common case in few Python calls (see _ClientSide.buffer_updated): the
-        # read is one whole response frame that need not be held.
+        # read is one whole response frame, and nothing but address rewriting may
+        # change it (a response mutator takes the long way). What upstream_read()
+        # does for such a frame, without the events.
         if nbytes >= 8 and not conn.closed and cut.own_view is None and not cut.left \
                 and not cut.head:
             scratch = cut.scratch
             size, corr = _II(scratch, 0)
-            if size + 4 == nbytes and size <= cut.max_frame and not conn._must_hold(corr):
+            proxy = conn.proxy
+            if size + 4 == nbytes and size <= cut.max_frame and proxy.response_mutator is None:
                 data = bytes(scratch[:nbytes])
+                frame = data[4:]
+                # held for rewriting: e.g. Metadata, or Produce v10+ whose
+                # KIP-951 NodeEndpoints tag is looked for (and mostly not there)
+                flow = conn._to_rewrite(corr)
+                sent = frame if flow is None else conn._rewrite(flow, frame)
                 tr = conn.client_tr
                 if not tr.is_closing():
-                    tr.write(data)
+                    if sent is frame:
+                        tr.write(data)
+                    else:
+                        tr.writelines((_SIZE(len(sent)), sent))
                 cut.consumed += nbytes
-                proxy = conn.proxy
                 proxy.stats.bytes_from_brokers += nbytes
-                # what _response() does for a frame that was not held (the same flow
-                # _must_hold looked at: nothing came between)
-                proxy.pipeline.complete(conn.tracker.response(data[4:], time.time_ns()))
+                # what _response(frame, held, change=False) does (the flow it
+                # pairs with is the one _to_rewrite looked at: nothing came between)
+                proxy.pipeline.complete(conn.tracker.response(frame, time.time_ns()))
                 return
         conn.upstream_read(nbytes)
 
