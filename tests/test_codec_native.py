@@ -491,3 +491,39 @@ def test_no_half_built_list_is_visible_to_python_code():
     buf = bytes([51]) + bytes([7, 1]) * 50 + bytes([0])
     value, end = NATIVE.decode(outer, buf, 0, len(buf))
     assert end == len(buf) and len(value.Ids) == 50 and seen
+
+
+def test_response_tags_through_cached_c_scans_agree_with_the_layered_path():
+    """``Codec.response_top_level_tags`` (the proxy's KIP-951 check of every Produce
+    v10+ and Fetch v16+ response) runs the C scans of the response header and body
+    it keeps per (api key, version); they must give what the layered path gives
+    (header decoded, then ``MessageCodec.top_level_tags``) for every flexible
+    response version of the default specs, with and without tags, and leave what
+    they do not accept (a truncated frame, a trailing byte) to it, which raises."""
+    from kinspect.codec import Codec
+    from kinspect.codec.protocol import Response
+    from kinspect.codec.values import struct_class
+
+    c = Codec()
+    checked = 0
+    for api_key in sorted(c.registry.api_keys()):
+        spec = c.registry.response(api_key)
+        if spec is None or api_key == 18:
+            continue
+        cls = struct_class(spec.struct)
+        for version in range(spec.valid_versions.lowest, spec.valid_versions.highest + 1):
+            if not spec.is_flexible(version):
+                continue
+            hv = c.response_header_version(api_key, version)
+            for body in (cls(), cls(unknown_tags={7: b"t", 900: b""})):
+                frame = c.encode_response(Response(api_key, version, 9, hv, None, body, 0,
+                                                   "", version))
+                _, pos = c.registry.header("ResponseHeader").decode_from(frame, hv, 0)
+                want = c.registry.codec(spec).top_level_tags(frame, version, pos)
+                assert c.response_top_level_tags(frame, api_key, version) == want
+                assert c._tag_scans[(api_key, version)] is not None, (api_key, version)
+                for bad in (frame[:-1], frame + b"\x00"):  # truncated; a trailing byte
+                    with pytest.raises(DecodeError):
+                        c.response_top_level_tags(bad, api_key, version)
+                checked += 1
+    assert checked > 100
