@@ -493,18 +493,29 @@ def test_no_half_built_list_is_visible_to_python_code():
     assert end == len(buf) and len(value.Ids) == 50 and seen
 
 
-def test_response_tags_through_cached_c_scans_agree_with_the_layered_path():
+def test_response_tags_through_cached_c_scans_agree_with_the_layered_path(monkeypatch):
     """``Codec.response_top_level_tags`` (the proxy's KIP-951 check of every Produce
-    v10+ and Fetch v16+ response) runs the C scans of the response header and body
-    it keeps per (api key, version); they must give what the layered path gives
-    (header decoded, then ``MessageCodec.top_level_tags``) for every flexible
-    response version of the default specs, with and without tags, and leave what
-    they do not accept (a truncated frame, a trailing byte) to it, which raises."""
+    v10+ and Fetch v16+ response) runs the body's C scan straight when the response
+    header has no tags. For every flexible response version of the default specs,
+    with and without body tags, it must give what the layered path gives (header
+    decoded, then ``MessageCodec.top_level_tags``), and it must leave to that path
+    what it does not take: header tags (valid ones, and out-of-order ones the
+    header's decoder refuses), a truncated frame, a trailing byte."""
     from kinspect.codec import Codec
     from kinspect.codec.protocol import Response
+    from kinspect.codec.registry import MessageCodec, _native_scan
     from kinspect.codec.values import struct_class
 
     c = Codec()
+    layered = MessageCodec.top_level_tags
+
+    def expected(frame, api_key, version, hv):
+        _, pos = c.registry.header("ResponseHeader").decode_from(frame, hv, 0)
+        return layered(c.registry.codec(c.registry.response(api_key)), frame, version, pos)
+
+    def fast_only(*args, **kw):
+        raise AssertionError("the layered path ran")
+
     checked = 0
     for api_key in sorted(c.registry.api_keys()):
         spec = c.registry.response(api_key)
@@ -518,10 +529,19 @@ def test_response_tags_through_cached_c_scans_agree_with_the_layered_path():
             for body in (cls(), cls(unknown_tags={7: b"t", 900: b""})):
                 frame = c.encode_response(Response(api_key, version, 9, hv, None, body, 0,
                                                    "", version))
-                _, pos = c.registry.header("ResponseHeader").decode_from(frame, hv, 0)
-                want = c.registry.codec(spec).top_level_tags(frame, version, pos)
+                want = expected(frame, api_key, version, hv)
+                if _native_scan is not None:  # the C scan alone answers
+                    with monkeypatch.context() as m:
+                        m.setattr(MessageCodec, "top_level_tags", fast_only)
+                        assert c.response_top_level_tags(frame, api_key, version) == want
                 assert c.response_top_level_tags(frame, api_key, version) == want
-                assert c._tag_scans[(api_key, version)] is not None, (api_key, version)
+                if hv == 1:  # header tags: the header's decoder decides
+                    tagged = frame[:4] + b"\x01\x05\x01x" + frame[5:]
+                    assert c.response_top_level_tags(tagged, api_key, version) == \
+                        expected(tagged, api_key, version, hv)
+                    disorder = frame[:4] + b"\x02\x05\x01x\x03\x01y" + frame[5:]
+                    with pytest.raises(DecodeError):
+                        c.response_top_level_tags(disorder, api_key, version)
                 for bad in (frame[:-1], frame + b"\x00"):  # truncated; a trailing byte
                     with pytest.raises(DecodeError):
                         c.response_top_level_tags(bad, api_key, version)

@@ -86,11 +86,11 @@ def record_batch(values: list[bytes]) -> bytes:
     return bytes(b.build())
 
 
-def produce(corr: int, topic: str, records: bytes, acks: int = 1) -> bytes:
+def produce(corr: int, topic: str, records: bytes, acks: int = 1, version: int = 9) -> bytes:
     c = codec()
     tcls = c.request_codec(0).spec.struct.field("TopicData").struct
     pcls = tcls.field("PartitionData").struct.cls
-    return request_bytes(0, 9, corr, TransactionalId=None, Acks=acks, TimeoutMs=10000,
+    return request_bytes(0, version, corr, TransactionalId=None, Acks=acks, TimeoutMs=10000,
                          TopicData=[tcls.cls(Name=topic, PartitionData=[
                              pcls(Index=0, Records=records)])])
 
@@ -1237,8 +1237,8 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     """A read that is exactly one whole frame, with no frame under way and nothing to
     hold it for, is forwarded by the protocol's ``buffer_updated`` itself (fewer
     Python calls before the write: that is a request's latency through the proxy).
-    A whole response held for address rewriting (Metadata here) is rewritten there
-    too. Other reads (several frames, a frame in pieces, any frame while a request or
+    A whole response held for address rewriting is dealt with there too: Metadata
+    rewritten, Produce v10 scanned for KIP-951 NodeEndpoints and sent unchanged. Other reads (several frames, a frame in pieces, any frame while a request or
     response mutator is set) go through ``Connection.client_read`` /
     ``upstream_read``. Both ways forward the same bytes, count them the same (stats,
     ``CutThrough.consumed``) and give the pipeline the same flows; on asyncio's event
@@ -1256,6 +1256,8 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     sent: list[bytes] = []
     got: list[bytes] = []
     seen: dict = {}
+    topic = "short-path"
+    create_topic(tansu.bootstrap, topic)
 
     async def main():
         async with running_proxy(tansu.bootstrap) as (proxy, rec):
@@ -1285,10 +1287,16 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
                 sent.append(metadata(corr))
                 got.append(await roundtrip(raw, sent[-1]))
             seen["metadata"] = general["upstream_read"] - before
+            before = general["upstream_read"]
+            for corr in range(30, 35):  # Produce v10: held for KIP-951 NodeEndpoints,
+                sent.append(produce(corr, topic, record_batch([b"v%d" % corr]),  # scanned
+                                    version=10))
+                got.append(await roundtrip(raw, sent[-1]))
+            seen["produce10"] = general["upstream_read"] - before
             before = dict(general)
             proxy.request_mutator = lambda flow, frame: None  # hold every frame,
             proxy.response_mutator = lambda flow, frame: None  # change none
-            sent.append(api_versions(30))
+            sent.append(api_versions(35))
             got.append(await roundtrip(raw, sent[-1]))
             seen["mutator"] = {k: general[k] - before[k] for k in general}
             conn = next(iter(proxy.connections))
@@ -1307,10 +1315,11 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     assert seen["single"]["upstream_read"] <= 9, "single responses took the long way"
     assert general["client_read"] >= 4, general  # three frames at once, two pieces, mutator
     assert seen["metadata"] < 5, "no held Metadata response took the short path"
+    assert seen["produce10"] < 5, "no Produce v10 response took the short path"
     assert seen["mutator"]["client_read"] == 1, "a request mutator's frame took the short path"
     assert seen["mutator"]["upstream_read"] >= 1, "a response mutator's frame took it"
     flows = sorted(flows, key=lambda f: f.correlation_id)
-    assert [f.correlation_id for f in flows] == list(range(1, 31))
+    assert [f.correlation_id for f in flows] == list(range(1, 36))
     for f in flows:  # every Metadata response was rewritten; nothing else was
         assert f.flags == ({"rewritten"} if f.api_key == 3 else set()), f
         assert (f.response_sent is not None) == (f.api_key == 3), f

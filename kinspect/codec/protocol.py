@@ -129,8 +129,10 @@ class Codec:
         self._resp_header = self.registry.header("ResponseHeader")
         self._hv_cache: dict[tuple[int, int, bool], int | None] = {}
         self._names: dict[int, str] = {}
-        #: (api key, api version) -> C scan programs of response header and body
-        self._tag_scans: dict[tuple[int, int], tuple[Any, Any] | None] = {}
+        #: (api key, api version) -> where a response body starts after a header
+        #: without tags, when its C scan program is in ``_body_scans`` (else None)
+        self._tag_scans: dict[tuple[int, int], int | None] = {}
+        self._body_scans: dict[tuple[int, int], Any] = {}
 
     # -- header versions -------------------------------------------------------
     def request_header_version(self, api_key: int, api_version: int) -> int | None:
@@ -249,15 +251,16 @@ class Codec:
         if plan is _UNSET:
             plan = self._tag_scans[(api_key, api_version)] = self._tag_scan(api_key,
                                                                              api_version)
-        if plan is not None and type(frame) is bytes:
-            # the C scans of the header and the body, straight (the proxy asks for every
-            # Produce v10+ and Fetch v16+ response): what the steps below do when both
-            # accept the frame; anything else is left to them
-            end = len(frame)
-            got = _native_scan(plan[0], frame, 0, end)
-            if got is not None:
-                got = _native_scan(plan[1], frame, got[0], end)
-                if got is not None and got[0] == end:
+        if plan is not None and type(frame) is bytes and len(frame) > plan:
+            # The proxy asks for every Produce v10+ and Fetch v16+ response: when the
+            # header is a correlation id and (v1) an empty tag section, the body's C
+            # scan straight, which is what the steps below do then; anything else
+            # (header tags, which the header's decoder checks, a body the scan does
+            # not accept) is left to them.
+            if plan == 4 or frame[4] == 0:
+                got = _native_scan(self._body_scans[(api_key, api_version)], frame, plan,
+                                   len(frame))
+                if got is not None and got[0] == len(frame):
                     return frozenset(got[1])
         hv = self.response_header_version(api_key, api_version)
         spec = self.registry.response(api_key)
@@ -274,19 +277,31 @@ class Codec:
                 return frozenset()
         return self.registry.codec(spec).top_level_tags(frame, api_version, pos)
 
-    def _tag_scan(self, api_key: int, api_version: int) -> tuple[Any, Any] | None:
-        """The C scan programs of the response header and body at this version, or
-        ``None`` (no C fast path, an api key or version no spec defines, or
-        ApiVersions, whose refusals may carry a v0 body)."""
+    def _tag_scan(self, api_key: int, api_version: int) -> int | None:
+        """Where the body starts when the response header has no tags (4 for header
+        v0, 5 for v1), with the body's C scan program kept in ``_body_scans``; or
+        ``None``: no C fast path, an api key or version no spec defines, ApiVersions
+        (whose refusals may carry a v0 body), or any other doubt."""
         if _native_scan is None or api_key == API_VERSIONS:
             return None
-        hv = self.response_header_version(api_key, api_version)
-        spec = self.registry.response(api_key)
-        if hv is None or spec is None or not spec.valid_versions.contains(api_version):
+        try:
+            hv = self.response_header_version(api_key, api_version)
+            spec = self.registry.response(api_key)
+            if hv not in (0, 1) or spec is None or \
+                    not spec.valid_versions.contains(api_version):
+                return None
+            head = self._resp_header.spec  # (as Kafka's: a correlation id, tags from v1)
+            fixed = [(f.name, f.type) for f in head.fields
+                     if f.versions.contains(hv) and not f.tagged_in(hv)]
+            if fixed != [("CorrelationId", "int32")] or head.is_flexible(hv) != (hv == 1):
+                return None
+            body = self.registry.codec(spec).compiled(api_version).native
+        except KinspectError:  # e.g. a spec that cannot be compiled: the steps decide
             return None
-        head = self._resp_header.compiled(hv).native
-        body = self.registry.codec(spec).compiled(api_version).native
-        return None if head is None or body is None else (head, body)
+        if body is None:
+            return None
+        self._body_scans[(api_key, api_version)] = body
+        return 4 if hv == 0 else 5
 
     def decode_response(self, frame: bytes, api_key: int, api_version: int, *,
                         body: bool = True) -> Response:
