@@ -659,12 +659,12 @@ def test_large_frames_both_ways_on_both_event_loops(tansu, unique, loop, monkeyp
     assert _record_values(_records_of(fetched)) == _record_values(sent_records)
 
 
-async def test_large_frames_on_many_connections_share_the_scratch_and_the_budget(
+async def test_large_frames_on_many_connections_share_the_budget(
         tansu, unique, monkeypatch):
     """Twelve connections at once each send three 1.5 MiB Produce requests through
-    one proxy whose budget for frame buffers not yet filled is cut to 4 MiB: the
-    connections' reads share the proxy's scratch buffer, some frames get buffers of
-    their own and others wait for room or are collected in pieces. Every request
+    one proxy whose budget for frame buffers not yet filled is cut to 4 MiB: some
+    frames get buffers of their own and others wait for room or are collected in
+    pieces. Every request
     reaches the broker and the flows byte for byte, every response comes back to
     its connection, and the whole budget is back at the end."""
     from kinspect.proxy import server
@@ -1008,14 +1008,16 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
                             bad: int | None, direct_min: int, direct_share: int,
                             budget: int, max_frame: int = 1 << 16):
     """Read the stream of ``frames`` (then, if ``bad`` is given, a bad size prefix)
-    the way the proxy does: into ``CutThrough.read_buffer()``, at most ``reads[i]``
-    bytes at a time (cycled) and never more than the buffer offered, reported with
-    ``read_done``. RAW data is kept as given (views included) and only turned into
-    bytes at the end, after every later read: a view into a reused buffer would
-    show there. Returns what was forwarded, the frames, the errors and, for each
-    frame buffer allocated, (its size, the bytes of its frame read by then)."""
+    the way the proxy does, ``reads[i]`` bytes at a time (cycled): handed to
+    ``CutThrough.take`` as the event loop's reads, except while a frame has a
+    buffer of its own: then read into ``read_buffer()`` (never more than it offers)
+    and reported with ``read_done``. RAW data is kept as given (views included) and
+    only turned into bytes at the end, after every later read: a view into a reused
+    buffer would show there. Returns what was forwarded, the frames, the errors and,
+    for each frame buffer allocated, (its size, the bytes of its frame read by
+    then)."""
     from kinspect.codec import FrameSizeError
-    from kinspect.proxy.server import RAW, CutThrough, Unfilled
+    from kinspect.proxy.server import RAW, SCRATCH, CutThrough, Unfilled
 
     good = b"".join(frame(f) for f in frames)
     stream = good if bad is None else good + struct.pack(">i", bad) + b"after"
@@ -1024,14 +1026,20 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
     forwarded, ends, errors, allocations = [], [], [], []
     pos, i = 0, 0
     while pos < len(stream):
-        buf = cutter.read_buffer()
-        k = min(len(buf), reads[i % len(reads)] if reads else len(buf), len(stream) - pos)
+        k = min(reads[i % len(reads)] if reads else SCRATCH, len(stream) - pos)
         i += 1
-        buf[:k] = stream[pos:pos + k]
-        pos += k
         own_before = cutter.own
         try:
-            events = cutter.read_done(k, lambda corr: corr in held)
+            if cutter.own is None:
+                chunk = stream[pos:pos + k]
+                pos += k
+                events = cutter.take(chunk, lambda corr: corr in held)
+            else:
+                buf = cutter.read_buffer()
+                k = min(len(buf), k)
+                buf[:k] = stream[pos:pos + k]
+                pos += k
+                events = cutter.read_done(k, lambda corr: corr in held)
         except FrameSizeError as e:
             events = e.events
             errors.append(e.offset)
@@ -1058,8 +1066,9 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
 @pytest.mark.parametrize("frame_buffer", ["C", "bytearray"])
 def test_cut_through_reading_into_its_buffers_forwards_every_byte_once(monkeypatch,
                                                                        frame_buffer):
-    """The proxy's read path (``read_buffer``/``read_done``, large frames read into
-    buffers of their own): the same bytes forwarded, in order, as by ``feed``; the
+    """The proxy's read path (``take``; large frames read into buffers of their own
+    through ``read_buffer``/``read_done``): the same bytes forwarded, in order, as by
+    ``feed``; the
     frames are the codec's FrameSplitter's, as ``bytes``; held frames come whole;
     a bad size prefix is reported at its offset; a frame's own buffer is never more
     than ``direct_share`` times what had arrived of it, and the budget holds back
@@ -1104,8 +1113,8 @@ def test_a_large_frame_is_read_into_the_bytes_it_becomes():
     (after the second read: the first held the size prefix too) the rest is read
     into the frame's own buffer, forwarded as views of it, and the frame handed
     on is that buffer's bytes object (no join). A first read holding a sixteenth
-    puts the body straight into the frame's own buffer. A size prefix of 100 MiB
-    followed by a little data gets no such buffer."""
+    gives the frame its buffer at once. A size prefix of 100 MiB followed by a
+    little data gets no such buffer."""
     from kinspect.proxy.server import RAW, CutThrough
 
     cutter = CutThrough(200 * MiB)
@@ -1113,11 +1122,16 @@ def test_a_large_frame_is_read_into_the_bytes_it_becomes():
     stream = frame(body)
     pos, frames, raws = 0, [], []
     while pos < len(stream):
-        buf = cutter.read_buffer()
-        k = min(len(buf), 64 * 1024, len(stream) - pos)
-        buf[:k] = stream[pos:pos + k]
+        k = min(64 * 1024, len(stream) - pos)
+        if cutter.own is None:
+            events = cutter.take(stream[pos:pos + k], lambda corr: False)
+        else:
+            buf = cutter.read_buffer()
+            k = min(len(buf), k)
+            buf[:k] = stream[pos:pos + k]
+            events = cutter.read_done(k, lambda corr: False)
         pos += k
-        for kind, x, _ in cutter.read_done(k, lambda corr: False):
+        for kind, x, _ in events:
             (raws if kind == RAW else frames).append(x)
         if pos == 64 * 1024:
             assert cutter.own is None
@@ -1131,38 +1145,32 @@ def test_a_large_frame_is_read_into_the_bytes_it_becomes():
     assert sum(isinstance(x, memoryview) and x.obj is own for x in raws) == 15
     assert b"".join(bytes(x) for x in raws) == stream
 
-    # a first read holding a sixteenth: the body goes from the scratch buffer
-    # straight into the frame's own buffer
-    quick = CutThrough(200 * MiB)
-    buf = quick.read_buffer()
-    buf[:256 * 1024] = stream[:256 * 1024]
-    events = quick.read_done(256 * 1024, lambda corr: False)
+    quick = CutThrough(200 * MiB)  # a first read holding a sixteenth
+    events = quick.take(stream[:256 * 1024], lambda corr: False)
     assert quick.own is not None and quick.fill == 256 * 1024 - 4 and not quick.parts
-    assert [bytes(x) for _, x, _ in events] == [stream[:4], stream[4:256 * 1024]]
+    assert b"".join(bytes(x) for _, x, _ in events) == stream[:256 * 1024]
 
     big = CutThrough(200 * MiB)
-    buf = big.read_buffer()
     head = struct.pack(">i", 100 * MiB) + b"\0" * 4096
-    buf[:len(head)] = head
-    assert [kind for kind, _, _ in big.read_done(len(head), lambda corr: False)] == [RAW]
+    assert [kind for kind, _, _ in big.take(head, lambda corr: False)] == [RAW]
     assert big.own is None and big.buffered == 4096
-    assert big.read_buffer().obj is big.scratch.obj  # still the scratch buffer
+    with pytest.raises(RuntimeError):
+        big.read_buffer()  # nothing to read into: the next bytes go to take()
 
 
-def test_large_frame_reads_share_a_budget_and_a_scratch_buffer():
-    """The proxy's CutThroughs share one scratch buffer and one budget of buffer
-    bytes not read into yet. Three streams read in turn through one scratch arrive
-    intact; reads into a frame's own buffer take at most 256 KiB; a frame whose
-    unread rest does not fit the budget is collected in pieces (and still arrives
-    whole); clear() gives an abandoned frame's share back; feed() refuses to run
-    while a frame is read into its own buffer; forwarded views are read-only."""
+def test_large_frame_reads_share_a_budget():
+    """The proxy's CutThroughs share one budget of frame-buffer bytes not read into
+    yet. Three streams read in turn arrive intact; reads into a frame's own buffer
+    take at most 256 KiB; a frame whose unread rest does not fit the budget is
+    collected in pieces (and still arrives whole); clear() gives an abandoned
+    frame's share back; feed() refuses to run while a frame is read into its own
+    buffer; forwarded views are read-only."""
     from kinspect.proxy.server import RAW, SCRATCH, CutThrough, Unfilled
 
-    scratch = memoryview(bytearray(SCRATCH))
     budget = Unfilled(2 * MiB)
-    a = CutThrough(200 * MiB, scratch=scratch, unfilled=budget)
-    b = CutThrough(200 * MiB, scratch=scratch, unfilled=budget)
-    c = CutThrough(200 * MiB, scratch=scratch, unfilled=budget)
+    a = CutThrough(200 * MiB, unfilled=budget)
+    b = CutThrough(200 * MiB, unfilled=budget)
+    c = CutThrough(200 * MiB, unfilled=budget)
     bodies = {a: os.urandom(2 * MiB), b: os.urandom(2 * MiB), c: os.urandom(2 * MiB)}
     streams = {cut: frame(body) for cut, body in bodies.items()}
     pos = dict.fromkeys(streams, 0)
@@ -1175,12 +1183,17 @@ def test_large_frame_reads_share_a_budget_and_a_scratch_buffer():
         for cut, stream in streams.items():  # one read each, in turn
             if pos[cut] == len(stream):
                 continue
-            buf = cut.read_buffer()
-            assert len(buf) <= SCRATCH
-            k = min(len(buf), len(stream) - pos[cut])
-            buf[:k] = stream[pos[cut]:pos[cut] + k]
+            k = min(SCRATCH, len(stream) - pos[cut])
+            if cut.own is None:
+                events = cut.take(stream[pos[cut]:pos[cut] + k], lambda corr: False)
+            else:
+                buf = cut.read_buffer()
+                assert len(buf) <= SCRATCH
+                k = min(len(buf), k)
+                buf[:k] = stream[pos[cut]:pos[cut] + k]
+                events = cut.read_done(k, lambda corr: False)
             pos[cut] += k
-            for kind, x, _ in cut.read_done(k, lambda corr: False):
+            for kind, x, _ in events:
                 if kind == RAW:
                     assert not isinstance(x, memoryview) or x.readonly
                     out[cut].append(x)
@@ -1200,10 +1213,7 @@ def test_large_frame_reads_share_a_budget_and_a_scratch_buffer():
     assert first_own[a] == 1 and first_own.get(b, 99) > 1 and first_own.get(c, 99) > 1
 
     d = CutThrough(200 * MiB, unfilled=budget)
-    buf = d.read_buffer()
-    head = frame(os.urandom(MiB))[:SCRATCH]
-    buf[:len(head)] = head
-    d.read_done(len(head), lambda corr: False)
+    d.take(frame(os.urandom(MiB))[:SCRATCH], lambda corr: False)
     assert d.own is not None and budget.room == 2 * MiB - (MiB + 4 - SCRATCH)
     d.clear()
     assert d.own is None and d.buffered == 0 and budget.room == 2 * MiB
@@ -1235,19 +1245,20 @@ def test_frame_buffer_extension_contract():
 def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
         tansu, monkeypatch, loop):
     """A read that is exactly one whole frame, with no frame under way and nothing to
-    hold it for, is forwarded by the protocol's ``buffer_updated`` itself (fewer
+    hold it for, is forwarded by the protocol's ``data_received`` itself (fewer
     Python calls before the write: that is a request's latency through the proxy).
     A whole response held for address rewriting is dealt with there too: Metadata
-    rewritten, Produce v10 scanned for KIP-951 NodeEndpoints and sent unchanged. Other reads (several frames, a frame in pieces, any frame while a request or
-    response mutator is set) go through ``Connection.client_read`` /
-    ``upstream_read``. Both ways forward the same bytes, count them the same (stats,
-    ``CutThrough.consumed``) and give the pipeline the same flows; on asyncio's event
-    loop and on uvloop's."""
+    rewritten, Produce v10 scanned for KIP-951 NodeEndpoints and sent unchanged.
+    Other reads (several frames, a frame in pieces, any frame while a request or
+    response mutator is set) go through ``Connection.client_data`` /
+    ``upstream_data``. Both ways forward the same bytes, count them the same (stats,
+    ``CutThrough.consumed``) and give the pipeline the same flows; on asyncio's
+    event loop and on uvloop's."""
     import uvloop
 
     from kinspect.proxy import server
 
-    general = {"client_read": 0, "upstream_read": 0}
+    general = {"client_data": 0, "upstream_data": 0}
     for name in general:
         def counted(self, n, _orig=getattr(server.Connection, name), _name=name):
             general[_name] += 1
@@ -1282,17 +1293,17 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
             await asyncio.sleep(0.05)
             raw.writer.write(whole[6:])
             got.append(await raw.read())
-            before = general["upstream_read"]
+            before = general["upstream_data"]
             for corr in range(25, 30):  # alone: held for rewriting, whole in one read
                 sent.append(metadata(corr))
                 got.append(await roundtrip(raw, sent[-1]))
-            seen["metadata"] = general["upstream_read"] - before
-            before = general["upstream_read"]
+            seen["metadata"] = general["upstream_data"] - before
+            before = general["upstream_data"]
             for corr in range(30, 35):  # Produce v10: held for KIP-951 NodeEndpoints,
                 sent.append(produce(corr, topic, record_batch([b"v%d" % corr]),  # scanned
                                     version=10))
                 got.append(await roundtrip(raw, sent[-1]))
-            seen["produce10"] = general["upstream_read"] - before
+            seen["produce10"] = general["upstream_data"] - before
             before = dict(general)
             proxy.request_mutator = lambda flow, frame: None  # hold every frame,
             proxy.response_mutator = lambda flow, frame: None  # change none
@@ -1310,14 +1321,14 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
         stats, flows = ev_loop.run_until_complete(main())
     finally:
         ev_loop.close()
-    assert seen["single"]["client_read"] == 0, "a whole single request took the long way"
+    assert seen["single"]["client_data"] == 0, "a whole single request took the long way"
     # (a broker may write a response in pieces now and then, but not half of them)
-    assert seen["single"]["upstream_read"] <= 9, "single responses took the long way"
-    assert general["client_read"] >= 4, general  # three frames at once, two pieces, mutator
+    assert seen["single"]["upstream_data"] <= 9, "single responses took the long way"
+    assert general["client_data"] >= 4, general  # three frames at once, two pieces, mutator
     assert seen["metadata"] < 5, "no held Metadata response took the short path"
     assert seen["produce10"] < 5, "no Produce v10 response took the short path"
-    assert seen["mutator"]["client_read"] == 1, "a request mutator's frame took the short path"
-    assert seen["mutator"]["upstream_read"] >= 1, "a response mutator's frame took it"
+    assert seen["mutator"]["client_data"] == 1, "a request mutator's frame took the short path"
+    assert seen["mutator"]["upstream_data"] >= 1, "a response mutator's frame took it"
     flows = sorted(flows, key=lambda f: f.correlation_id)
     assert [f.correlation_id for f in flows] == list(range(1, 36))
     for f in flows:  # every Metadata response was rewritten; nothing else was

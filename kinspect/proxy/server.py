@@ -9,6 +9,13 @@ whole. Everything else (decoding, captures, the live view) happens
 after forwarding, in :class:`~kinspect.proxy.pipeline.Pipeline`, which may skip
 decoding under load but never drops a frame.
 
+Reads: the event loop hands each side's reads over as ``bytes``
+(``data_received``); a read that is exactly one whole frame, with nothing under way,
+is forwarded there and then, in a few Python calls (what a request's latency through
+the proxy is made of). A large frame gets a buffer of its own once a sixteenth of it
+has arrived, and the side's transport then reads the rest straight into it
+(``BufferedProtocol``, :class:`CutThrough`) until the frame is whole.
+
 Flow control both ways: a side whose peer cannot keep up stops being read, so a
 slow client holds back the broker (and the reverse) instead of filling memory.
 Connections end without resets: on shutdown or when the other side goes away, the
@@ -47,7 +54,7 @@ _SIZE = struct.Struct(">i").pack
 _I = struct.Struct(">i").unpack_from
 _II = struct.Struct(">ii").unpack_from
 RAW, END = 0, 1
-#: bytes read at once outside a frame's own buffer (what uvloop reads at once)
+#: most bytes read at once into a frame's own buffer (what uvloop reads at once)
 SCRATCH = 256 * 1024
 #: frames this long or longer get a buffer of their own (CutThrough) ...
 DIRECT_MIN = 64 * 1024
@@ -150,21 +157,20 @@ class CutThrough:
     shorter than 4 bytes. The first bytes of a frame are kept back until its size
     and those 4 bytes are known (at most 7 bytes).
 
-    Two ways in. :meth:`feed` takes bytes already read. :meth:`read_buffer` and
-    :meth:`read_done` are for reading from the socket straight into CutThrough's
-    buffers (asyncio's ``BufferedProtocol``; the proxy's protocols handle a read of
-    exactly one whole frame themselves when nothing is under way, as ``feed``'s
-    first branch does, and add it to :attr:`consumed`): outside large frames, reads
-    go to a 256 KiB scratch buffer and are copied out as ``feed`` input (the copy
-    the event loop makes for ``data_received``). Once a sixteenth of a frame of at least
-    ``direct_min`` bytes has arrived, the frame gets a buffer of its own size (a
-    :class:`~kinspect.proxy._frames.FrameBuffer` when the C extension is built: the
-    bytes object itself) and the rest of its body is read into it: those bytes are
-    never copied in user space, and their RAW events are read-only views of that
-    buffer (which is never written again, so they may be kept, e.g. queued by the
-    transport).
-    Reads then stop at the frame's end (and take at most 256 KiB at once, like
-    the scratch buffer, so that flow control reacts as often).
+    Reading. :meth:`take` (or :meth:`feed`) takes bytes already read (the event
+    loop's ``data_received``; the proxy's protocols forward a read of exactly one
+    whole frame themselves when nothing is under way, as ``feed``'s first branch
+    does, and add it to :attr:`consumed`). Once a sixteenth of a frame of at least
+    ``direct_min`` bytes has arrived, :meth:`take` gives the frame a buffer of its
+    own size (:attr:`own`: a :class:`~kinspect.proxy._frames.FrameBuffer` when the
+    C extension is built, the bytes object itself) and copies in what came of it so
+    far. Until the frame is whole, the rest of its body is read straight into that
+    buffer (:meth:`read_buffer` and :meth:`read_done`, for asyncio's
+    ``BufferedProtocol``): those bytes are never copied in user space, and their
+    RAW events are read-only views of the buffer (which is never written again, so
+    they may be kept, e.g. queued by the transport). Reads then stop at the frame's
+    end, and take at most 256 KiB at once (what the event loop reads at once), so
+    that flow control reacts as often.
 
     Copies: a frame inside one chunk is copied once; a frame spread over chunks
     is joined once at its end (chunks are kept as views until then), or, read into
@@ -187,12 +193,11 @@ class CutThrough:
     """
 
     __slots__ = ("max_frame", "left", "hold", "head", "parts", "consumed", "body",
-                 "direct_min", "direct_share", "scratch", "unfilled", "own", "own_view",
+                 "direct_min", "direct_share", "unfilled", "own", "own_view",
                  "own_data", "fill")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, direct_min: int = DIRECT_MIN,
-                 direct_share: int = DIRECT_SHARE, scratch: memoryview | None = None,
-                 unfilled: Unfilled | None = None) -> None:
+                 direct_share: int = DIRECT_SHARE, unfilled: Unfilled | None = None) -> None:
         self.max_frame = max_frame
         self.left = 0       # body bytes of the current frame still to come
         self.hold = False   # the current frame is held
@@ -205,9 +210,6 @@ class CutThrough:
         self.direct_min = max(2, direct_min)
         #: ... once this fraction (1/direct_share) of the frame has arrived
         self.direct_share = direct_share
-        #: reads outside a frame's own buffer (copied out at once, so CutThroughs
-        #: of one thread can share one: the proxy's connections do)
-        self.scratch = scratch
         #: the budget of own-buffer bytes not read into yet (shared by the proxy's
         #: connections; a CutThrough made without one gets one of its own)
         self.unfilled = unfilled if unfilled is not None else Unfilled()
@@ -224,31 +226,29 @@ class CutThrough:
         return len(self.head) + sum(len(p) for p in self.parts)
 
     def read_buffer(self) -> memoryview:
-        """Where the next read from the socket goes (for
-        ``BufferedProtocol.get_buffer``): the rest of the current frame's own
-        buffer, or the scratch buffer; at most :data:`SCRATCH` bytes either way.
-        Report what was read with :meth:`read_done` before asking again (or, for a
-        read into the scratch buffer that is one whole frame with nothing under
-        way, forward it and add it to :attr:`consumed`: see the proxy's protocols)."""
-        if self.own_view is not None:  # at most SCRATCH at once, as flow control expects
-            return self.own_view[self.fill:self.fill + SCRATCH]
-        if self.scratch is None:
-            self.scratch = memoryview(bytearray(SCRATCH))
-        return self.scratch
+        """Where the next read from the socket goes while the frame under way has a
+        buffer of its own (``BufferedProtocol.get_buffer``): the rest of that buffer,
+        at most :data:`SCRATCH` bytes. Report what was read with :meth:`read_done`
+        before asking again.
+
+        Raises:
+            RuntimeError: no frame has a buffer of its own (:attr:`own` is None).
+        """
+        if self.own_view is None:
+            raise RuntimeError("CutThrough.read_buffer() without a frame buffer (see take())")
+        return self.own_view[self.fill:self.fill + SCRATCH]
 
     def read_done(self, n: int, must_hold) -> list:
         """``n`` bytes were read into :meth:`read_buffer`'s buffer: the events, as
-        :meth:`feed` returns them (RAW data may be a memoryview here)."""
-        view = self.own_view
-        if view is None:
-            if n >= 8 and not self.left and not self.head and _I(self.scratch, 0)[0] > n - 4:
-                ev = self._start_own(n, must_hold)  # the read starts a frame it does not hold
-                if ev is not None:
-                    return ev
-            ev = self.feed(bytes(self.scratch[:n]), must_hold)
-            if self.left and self.parts:
-                self._own_buffer()
-            return ev
+        :meth:`feed` returns them, RAW data as read-only views of the frame's buffer.
+        When the frame is whole, :attr:`own` is None again: later bytes go to
+        :meth:`take`. (``must_hold`` is not asked: the frame started in ``take``.)
+
+        Raises:
+            RuntimeError: no frame has a buffer of its own.
+        """
+        if self.own_view is None:
+            raise RuntimeError("CutThrough.read_done() without a frame buffer (see take())")
         a = self.fill
         b = self.fill = a + n
         self.left -= n
@@ -262,6 +262,16 @@ class CutThrough:
             self.fill = 0
             ev.append((END, frame, self.hold))
             self.hold = False
+        return ev
+
+    def take(self, data: bytes, must_hold) -> list:
+        """:meth:`feed` ``data`` (bytes the event loop read: ``data_received``); then,
+        when the frame under way qualifies, give it a buffer of its own (copying in
+        what came of it so far), so that the next reads can go straight there
+        (:meth:`read_buffer`, :meth:`read_done`; check :attr:`own`)."""
+        ev = self.feed(data, must_hold)
+        if self.left and self.parts:
+            self._own_buffer()
         return ev
 
     def _own_buffer(self) -> None:
@@ -299,31 +309,6 @@ class CutThrough:
         self.own, self.own_view, self.own_data = own, view, view.toreadonly()
         return view
 
-    def _start_own(self, n: int, must_hold) -> list | None:
-        """A read into the scratch buffer that starts with a frame (``n >= 8``, no
-        frame under way): if the read does not hold that frame whole and the frame
-        gets a buffer of its own at once, its body bytes go there straight from the
-        scratch buffer (one copy instead of two) and the events are returned;
-        otherwise ``None`` (:meth:`feed` takes the read)."""
-        scratch = self.scratch
-        size = _I(scratch, 0)[0]
-        got = n - 4
-        if size <= got or size > self.max_frame or size < self.direct_min or \
-                got * self.direct_share < size:
-            return None
-        left = size - got
-        if left > self.unfilled.room:
-            return None  # before must_hold: feed() asks it once this frame starts
-        hold = bool(must_hold(_I(scratch, 4)[0]))
-        view = self._take_buffer(size, left)
-        if view is None:
-            return None
-        view[:got] = scratch[4:n]
-        self.fill, self.left, self.body, self.hold = got, left, size, hold
-        self.consumed += n
-        return [] if hold else [(RAW, bytes(scratch[:4]), False),
-                                (RAW, self.own_data[:got], False)]
-
     def clear(self) -> None:
         """Let go of the incomplete frame (the connection is ending): its pieces, its
         own buffer and its share of the budget. The stream cannot be followed after
@@ -348,7 +333,7 @@ class CutThrough:
                 return [(RAW, data, False), (END, data[4:], False)]
         if self.own is not None:
             raise RuntimeError("CutThrough.feed() while a frame is read into its own buffer "
-                               "(read_buffer/read_done): use one or the other")
+                               "(read_buffer/read_done until it is whole)")
         ev: list = []
         mv = memoryview(data)
         pos = 0
@@ -493,8 +478,8 @@ class Proxy:
         self._closing = False
         self._tasks: set[asyncio.Task] = set()  # listener start-ups in flight
         self._rw_cache: dict[tuple[int, int], bool] = {}
-        #: where every connection's reads go outside large frames (CutThrough),
-        #: and where reads that are dropped go
+        #: where reads are dropped into (a connection ending while a frame is read
+        #: into a buffer of its own)
         self.scratch = memoryview(bytearray(SCRATCH))
         #: what frame buffers not read into yet may come to, over all connections
         self.unfilled = Unfilled()
@@ -705,10 +690,8 @@ class Connection:
         self.client_tr = client_tr
         self.up_tr: asyncio.Transport | None = None
         #: framing of each direction (cut-through; see CutThrough)
-        self.req_cut = CutThrough(proxy.config.max_frame, scratch=proxy.scratch,
-                                  unfilled=proxy.unfilled)
-        self.resp_cut = CutThrough(proxy.config.max_frame, scratch=proxy.scratch,
-                                   unfilled=proxy.unfilled)
+        self.req_cut = CutThrough(proxy.config.max_frame, unfilled=proxy.unfilled)
+        self.resp_cut = CutThrough(proxy.config.max_frame, unfilled=proxy.unfilled)
         self.tracker = FlowTracker(proxy.codec, self.id, self.client, self.upstream_addr,
                                    proxy.new_flow_id)
         self.closed = False
@@ -734,13 +717,26 @@ class Connection:
         """``n`` bytes were read from the client into ``req_cut.read_buffer()``."""
         if self.closed or self.draining:
             return  # read and dropped: the connection is ending
-        proxy = self.proxy
-        proxy.stats.bytes_from_clients += n
-        error = None
+        self.proxy.stats.bytes_from_clients += n
         try:
-            events = self.req_cut.read_done(n, self._hold_request)
+            events, error = self.req_cut.read_done(n, self._hold_request), None
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
+        self._requests(events, error)
+
+    def client_data(self, data: bytes) -> None:
+        """``data`` was read from the client by the event loop."""
+        if self.closed or self.draining:
+            return  # read and dropped: the connection is ending
+        self.proxy.stats.bytes_from_clients += len(data)
+        try:
+            events, error = self.req_cut.take(data, self._hold_request), None
+        except FrameSizeError as e:  # forward what came before the bad size prefix
+            events, error = e.events, e
+        self._requests(events, error)
+
+    def _requests(self, events: list, error: FrameSizeError | None) -> None:
+        proxy = self.proxy
         out: list = []
         noted: list[bytes] = []  # frames that went through unheld: noted after the write
         for kind, x, held in events:
@@ -790,13 +786,26 @@ class Connection:
         """``n`` bytes were read from the broker into ``resp_cut.read_buffer()``."""
         if self.closed:
             return
-        proxy = self.proxy
-        proxy.stats.bytes_from_brokers += n
-        error = None
+        self.proxy.stats.bytes_from_brokers += n
         try:
-            events = self.resp_cut.read_done(n, self._must_hold)
+            events, error = self.resp_cut.read_done(n, self._must_hold), None
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
+        self._responses(events, error)
+
+    def upstream_data(self, data: bytes) -> None:
+        """``data`` was read from the broker by the event loop."""
+        if self.closed:
+            return
+        self.proxy.stats.bytes_from_brokers += len(data)
+        try:
+            events, error = self.resp_cut.take(data, self._must_hold), None
+        except FrameSizeError as e:  # forward what came before the bad size prefix
+            events, error = e.events, e
+        self._responses(events, error)
+
+    def _responses(self, events: list, error: FrameSizeError | None) -> None:
+        proxy = self.proxy
         out: list = []
         noted: list = []  # (frame, held): paired and handed on after the write
         for kind, x, held in events:
@@ -1010,14 +1019,19 @@ def _linger_over(proxy: Proxy, tr: asyncio.Transport) -> None:
         tr.abort()
 
 
-class _ClientSide(asyncio.BufferedProtocol):
-    """Client-facing half of a connection: reads go straight into the buffers of
-    the connection's :class:`CutThrough` (no copy by the event loop)."""
+class _ClientSide(asyncio.Protocol):
+    """Client-facing half of a connection. Reads arrive as ``bytes`` from the event
+    loop (``data_received``: its own C buffer, no Python call to ask for one), except
+    while a large frame is read into a buffer of its own (:class:`CutThrough`): then
+    the transport reads through :attr:`frame_side` straight into that buffer, and
+    comes back here when the frame is whole."""
 
     def __init__(self, proxy: Proxy, listener: Listener):
         self.proxy = proxy
         self.listener = listener
         self.conn: Connection | None = None
+        self.transport: asyncio.Transport | None = None
+        self.frame_side = _ClientFrameSide(self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         proxy = self.proxy
@@ -1025,6 +1039,7 @@ class _ClientSide(asyncio.BufferedProtocol):
             transport.close()
             return
         tr: asyncio.Transport = transport  # type: ignore[assignment]
+        self.transport = tr
         _nodelay(tr)
         conn = self.conn = Connection(proxy, self.listener, tr)
         tr.pause_reading()  # until the broker connection is up; resumed by upstream_ready
@@ -1049,39 +1064,30 @@ class _ClientSide(asyncio.BufferedProtocol):
         _nodelay(tr)
         conn.upstream_ready(tr)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
-        conn = self.conn
-        if conn is not None:
-            cut = conn.req_cut
-            if cut.own_view is None:
-                return cut.scratch  # the proxy's scratch buffer (dropped reads go there too)
-            if not conn.closed and not conn.draining:
-                return cut.read_buffer()
-        return self.proxy.scratch  # read and dropped: the connection is ending
-
-    def buffer_updated(self, nbytes: int) -> None:
+    def data_received(self, data: bytes) -> None:
         conn = self.conn
         if conn is None:
             return
         cut = conn.req_cut
+        n = len(data)
         # The common case, in as few Python calls as possible (they are what a
         # request's latency through the proxy is made of): the read is one whole
         # request frame, none is under way, and nothing may change it. The same as
-        # client_read() would do (CutThrough.feed's first branch), without the events.
-        if nbytes >= 8 and conn.forwarding and cut.own_view is None and not cut.left \
-                and not cut.head and self.proxy.request_mutator is None:
-            scratch = cut.scratch
-            size = _I(scratch, 0)[0]
-            if size + 4 == nbytes and size <= cut.max_frame:
-                data = bytes(scratch[:nbytes])
+        # client_data() would do (CutThrough.feed's first branch), without the events.
+        if n >= 8 and conn.forwarding and not cut.left and not cut.head \
+                and self.proxy.request_mutator is None:
+            size = _I(data, 0)[0]
+            if size + 4 == n and size <= cut.max_frame:
                 conn.up_tr.write(data)
-                cut.consumed += nbytes
+                cut.consumed += n
                 proxy = self.proxy
-                proxy.stats.bytes_from_clients += nbytes
+                proxy.stats.bytes_from_clients += n
                 conn._request(data[4:])
-                proxy.pipeline.kick()  # as client_read does
+                proxy.pipeline.kick()  # as client_data does
                 return
-        conn.client_read(nbytes)
+        conn.client_data(data)
+        if cut.own is not None and not conn.closed:  # a large frame: read it in place
+            self.transport.set_protocol(self.frame_side)
 
     def eof_received(self) -> bool:
         if self.conn is not None:
@@ -1102,33 +1108,64 @@ class _ClientSide(asyncio.BufferedProtocol):
             self.conn.resume_upstream()
 
 
-class _UpstreamSide(asyncio.BufferedProtocol):
+class _ClientFrameSide(asyncio.BufferedProtocol):
+    """What the client's transport reads through while a request frame is read into
+    a buffer of its own (``BufferedProtocol``: no copy by the event loop); events
+    other than reads go to :class:`_ClientSide` as they would."""
+
+    def __init__(self, side: _ClientSide):
+        self.side = side
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        conn = self.side.conn
+        cut = conn.req_cut
+        if cut.own_view is None or conn.closed or conn.draining:
+            return conn.proxy.scratch  # read and dropped: the connection is ending
+        return cut.read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        side = self.side
+        conn = side.conn
+        conn.client_read(nbytes)
+        if conn.req_cut.own is None:  # the frame is whole (or the connection ended)
+            side.transport.set_protocol(side)
+
+    def eof_received(self) -> bool:
+        return self.side.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.side.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.side.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.side.resume_writing()
+
+
+class _UpstreamSide(asyncio.Protocol):
     """Broker-facing half of a connection (reads as in :class:`_ClientSide`)."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
+        self.transport: asyncio.Transport | None = None
+        self.frame_side = _UpstreamFrameSide(self)
 
-    def get_buffer(self, sizehint: int) -> memoryview:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
         conn = self.conn
         cut = conn.resp_cut
-        if cut.own_view is None:
-            return cut.scratch  # the proxy's scratch buffer (dropped reads go there too)
-        return conn.proxy.scratch if conn.closed else cut.read_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        conn = self.conn
-        cut = conn.resp_cut
-        # The common case in few Python calls (see _ClientSide.buffer_updated): the
+        n = len(data)
+        # The common case in few Python calls (see _ClientSide.data_received): the
         # read is one whole response frame, and nothing but address rewriting may
-        # change it (a response mutator takes the long way). What upstream_read()
+        # change it (a response mutator takes the long way). What upstream_data()
         # does for such a frame, without the events.
-        if nbytes >= 8 and not conn.closed and cut.own_view is None and not cut.left \
-                and not cut.head:
-            scratch = cut.scratch
-            size, corr = _II(scratch, 0)
+        if n >= 8 and not conn.closed and not cut.left and not cut.head:
+            size, corr = _II(data, 0)
             proxy = conn.proxy
-            if size + 4 == nbytes and size <= cut.max_frame and proxy.response_mutator is None:
-                data = bytes(scratch[:nbytes])
+            if size + 4 == n and size <= cut.max_frame and proxy.response_mutator is None:
                 frame = data[4:]
                 # held for rewriting: e.g. Metadata, or Produce v10+ whose
                 # KIP-951 NodeEndpoints tag is looked for (and mostly not there)
@@ -1140,13 +1177,15 @@ class _UpstreamSide(asyncio.BufferedProtocol):
                         tr.write(data)
                     else:
                         tr.writelines((_SIZE(len(sent)), sent))
-                cut.consumed += nbytes
-                proxy.stats.bytes_from_brokers += nbytes
+                cut.consumed += n
+                proxy.stats.bytes_from_brokers += n
                 # what _response(frame, held, change=False) does (the flow it
                 # pairs with is the one _to_rewrite looked at: nothing came between)
                 proxy.pipeline.complete(conn.tracker.response(frame, time.time_ns()))
                 return
-        conn.upstream_read(nbytes)
+        conn.upstream_data(data)
+        if cut.own is not None and not conn.closed:  # a large frame: read it in place
+            self.transport.set_protocol(self.frame_side)
 
     def eof_received(self) -> bool:
         self.conn.close("broker closed the connection")
@@ -1160,6 +1199,40 @@ class _UpstreamSide(asyncio.BufferedProtocol):
 
     def resume_writing(self) -> None:
         self.conn.resume_client()
+
+
+class _UpstreamFrameSide(asyncio.BufferedProtocol):
+    """What the broker's transport reads through while a response frame is read into
+    a buffer of its own (as :class:`_ClientFrameSide`)."""
+
+    def __init__(self, side: _UpstreamSide):
+        self.side = side
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        conn = self.side.conn
+        cut = conn.resp_cut
+        if cut.own_view is None or conn.closed:
+            return conn.proxy.scratch  # read and dropped: the connection is ending
+        return cut.read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        side = self.side
+        conn = side.conn
+        conn.upstream_read(nbytes)
+        if conn.resp_cut.own is None:  # the frame is whole (or the connection ended)
+            side.transport.set_protocol(side)
+
+    def eof_received(self) -> bool:
+        return self.side.eof_received()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.side.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.side.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.side.resume_writing()
 
 
 def _nodelay(tr: asyncio.BaseTransport) -> None:
