@@ -748,6 +748,55 @@ async def test_a_client_leaving_mid_frame_gives_the_frame_buffer_back(tansu):
         assert proxy.unfilled.room == UNFILLED_MAX
 
 
+async def test_shutdown_while_a_client_sends_a_large_frame_ends_cleanly(tansu):
+    """The proxy shuts down while a client is in the middle of a 4 MiB request that
+    is being read into a buffer of its own, and the client goes on sending: the
+    request is not forwarded (shutting down), what the client still sends is read
+    and dropped, the client gets a clean end of stream, the budget comes back, and
+    nothing is logged as an error. Meanwhile the side reading the client switched
+    to reading into the frame's buffer and, once the connection ended, back."""
+    import logging
+
+    from kinspect.proxy import server
+    from kinspect.proxy.server import UNFILLED_MAX
+
+    switched = []
+    real = server._ClientFrameSide.buffer_updated
+
+    def counted(self, n):
+        switched.append(n)
+        return real(self, n)
+
+    proxy_logs = []
+    handler = logging.Handler()
+    handler.emit = lambda record: proxy_logs.append(record)
+    logging.getLogger("kinspect").addHandler(handler)
+    try:
+        server._ClientFrameSide.buffer_updated = counted
+        async with running_proxy(tansu.bootstrap) as (proxy, rec):
+            raw = await Raw.open(*proxy.address)
+            body = os.urandom(4 * MiB)
+            raw.writer.write(struct.pack(">i", len(body)) + body[:MiB])
+            await wait_for(lambda: switched, what="reads into the frame's own buffer")
+            [conn] = proxy.connections
+            side = conn.client_tr.get_protocol()
+            assert isinstance(side, server._ClientFrameSide)
+            closing = asyncio.create_task(proxy.close())
+            raw.writer.write(body[MiB:])  # the rest, while the proxy shuts down
+            assert await raw.eof(timeout=20), "the client did not get a clean end"
+            await closing
+            assert not proxy.connections and proxy.unfilled.room == UNFILLED_MAX
+            assert conn.req_cut.own is None
+            assert isinstance(conn.client_tr.get_protocol(), server._ClientSide) or \
+                conn.client_tr.is_closing()
+    finally:
+        server._ClientFrameSide.buffer_updated = real
+        logging.getLogger("kinspect").removeHandler(handler)
+    assert not [r for r in proxy_logs if r.levelno >= logging.ERROR], \
+        [r.getMessage() for r in proxy_logs]
+    assert not [f for f in rec.flows if f.request and len(f.request) > MiB]
+
+
 async def test_garbage_half_frames_and_mid_frame_disconnects_end_only_that_connection(
         tansu, caplog):
     caplog.set_level(logging.INFO, logger="kinspect")
@@ -1011,9 +1060,9 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
     the way the proxy does, ``reads[i]`` bytes at a time (cycled): handed to
     ``CutThrough.take`` as the event loop's reads, except while a frame has a
     buffer of its own: then read into ``read_buffer()`` (never more than it offers)
-    and reported with ``read_done``. RAW data is kept as given (views included) and
-    only turned into bytes at the end, after every later read: a view into a reused
-    buffer would show there. Returns what was forwarded, the frames, the errors and,
+    and reported with ``read_done``. RAW data is kept as given (views of frame
+    buffers included) and only turned into bytes at the end, after every later read:
+    a view into a buffer written again would show there. Returns what was forwarded, the frames, the errors and,
     for each frame buffer allocated, (its size, the bytes of its frame read by
     then)."""
     from kinspect.codec import FrameSizeError

@@ -10,8 +10,8 @@ after forwarding, in :class:`~kinspect.proxy.pipeline.Pipeline`, which may skip
 decoding under load but never drops a frame.
 
 Reads: the event loop hands each side's reads over as ``bytes``
-(``data_received``); a read that is exactly one whole frame, with nothing under way,
-is forwarded there and then, in a few Python calls (what a request's latency through
+(``data_received``); a read that is exactly one whole frame, with nothing under way
+and nothing to hold it for, is forwarded there and then, in a few Python calls (what a request's latency through
 the proxy is made of). A large frame gets a buffer of its own once a sixteenth of it
 has arrived, and the side's transport then reads the rest straight into it
 (``BufferedProtocol``, :class:`CutThrough`) until the frame is whole.
@@ -54,7 +54,9 @@ _SIZE = struct.Struct(">i").pack
 _I = struct.Struct(">i").unpack_from
 _II = struct.Struct(">ii").unpack_from
 RAW, END = 0, 1
-#: most bytes read at once into a frame's own buffer (what uvloop reads at once)
+#: most bytes read at once into a frame's own buffer (about what the event loops
+#: read at once: 256,000 bytes for uvloop, 256 KiB for asyncio), and the size of the
+#: buffer reads are dropped into (Proxy.scratch)
 SCRATCH = 256 * 1024
 #: frames this long or longer get a buffer of their own (CutThrough) ...
 DIRECT_MIN = 64 * 1024
@@ -242,7 +244,8 @@ class CutThrough:
         """``n`` bytes were read into :meth:`read_buffer`'s buffer: the events, as
         :meth:`feed` returns them, RAW data as read-only views of the frame's buffer.
         When the frame is whole, :attr:`own` is None again: later bytes go to
-        :meth:`take`. (``must_hold`` is not asked: the frame started in ``take``.)
+        :meth:`take`. (``must_hold`` is not asked, the frame having started in
+        ``take``: it is there so that both read paths take the same arguments.)
 
         Raises:
             RuntimeError: no frame has a buffer of its own.
