@@ -1026,15 +1026,15 @@ class _ClientSide(asyncio.Protocol):
     """Client-facing half of a connection. Reads arrive as ``bytes`` from the event
     loop (``data_received``: its own C buffer, no Python call to ask for one), except
     while a large frame is read into a buffer of its own (:class:`CutThrough`): then
-    the transport reads through :attr:`frame_side` straight into that buffer, and
-    comes back here when the frame is whole."""
+    the transport reads through :attr:`frame_side` (:class:`_FrameSide`) straight
+    into that buffer, and comes back here when the frame is whole."""
 
     def __init__(self, proxy: Proxy, listener: Listener):
         self.proxy = proxy
         self.listener = listener
         self.conn: Connection | None = None
         self.transport: asyncio.Transport | None = None
-        self.frame_side = _ClientFrameSide(self)
+        self.frame_side: _FrameSide | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         proxy = self.proxy
@@ -1045,6 +1045,7 @@ class _ClientSide(asyncio.Protocol):
         self.transport = tr
         _nodelay(tr)
         conn = self.conn = Connection(proxy, self.listener, tr)
+        self.frame_side = _FrameSide(self, conn, client=True)
         tr.pause_reading()  # until the broker connection is up; resumed by upstream_ready
         proxy.connections.add(conn)
         proxy.stats.connections_total += 1
@@ -1111,27 +1112,30 @@ class _ClientSide(asyncio.Protocol):
             self.conn.resume_upstream()
 
 
-class _ClientFrameSide(asyncio.BufferedProtocol):
-    """What the client's transport reads through while a request frame is read into
-    a buffer of its own (``BufferedProtocol``: no copy by the event loop); events
-    other than reads go to :class:`_ClientSide` as they would."""
+class _FrameSide(asyncio.BufferedProtocol):
+    """What a side's transport reads through while a frame is read into a buffer of
+    its own (``BufferedProtocol``: no copy by the event loop), until the frame is
+    whole; events other than reads go to the side (:class:`_ClientSide`,
+    :class:`_UpstreamSide`) as they would."""
 
-    def __init__(self, side: _ClientSide):
+    def __init__(self, side: Any, conn: Connection, client: bool):
         self.side = side
+        self.conn = conn
+        self.client = client
+        self.cut = conn.req_cut if client else conn.resp_cut
+        self.read = conn.client_read if client else conn.upstream_read
 
     def get_buffer(self, sizehint: int) -> memoryview:
-        conn = self.side.conn
-        cut = conn.req_cut
-        if cut.own_view is None or conn.closed or conn.draining:
+        conn = self.conn
+        cut = self.cut
+        if cut.own_view is None or conn.closed or (self.client and conn.draining):
             return conn.proxy.scratch  # read and dropped: the connection is ending
         return cut.read_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
-        side = self.side
-        conn = side.conn
-        conn.client_read(nbytes)
-        if conn.req_cut.own is None:  # the frame is whole (or the connection ended)
-            side.transport.set_protocol(side)
+        self.read(nbytes)
+        if self.cut.own is None:  # the frame is whole (or the connection ended)
+            self.side.transport.set_protocol(self.side)
 
     def eof_received(self) -> bool:
         return self.side.eof_received()
@@ -1152,7 +1156,7 @@ class _UpstreamSide(asyncio.Protocol):
     def __init__(self, conn: Connection):
         self.conn = conn
         self.transport: asyncio.Transport | None = None
-        self.frame_side = _UpstreamFrameSide(self)
+        self.frame_side = _FrameSide(self, conn, client=False)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -1202,40 +1206,6 @@ class _UpstreamSide(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self.conn.resume_client()
-
-
-class _UpstreamFrameSide(asyncio.BufferedProtocol):
-    """What the broker's transport reads through while a response frame is read into
-    a buffer of its own (as :class:`_ClientFrameSide`)."""
-
-    def __init__(self, side: _UpstreamSide):
-        self.side = side
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        conn = self.side.conn
-        cut = conn.resp_cut
-        if cut.own_view is None or conn.closed:
-            return conn.proxy.scratch  # read and dropped: the connection is ending
-        return cut.read_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        side = self.side
-        conn = side.conn
-        conn.upstream_read(nbytes)
-        if conn.resp_cut.own is None:  # the frame is whole (or the connection ended)
-            side.transport.set_protocol(side)
-
-    def eof_received(self) -> bool:
-        return self.side.eof_received()
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self.side.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        self.side.pause_writing()
-
-    def resume_writing(self) -> None:
-        self.side.resume_writing()
 
 
 def _nodelay(tr: asyncio.BaseTransport) -> None:
