@@ -1062,10 +1062,10 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
     ``CutThrough.take`` as the event loop's reads, except while a frame has a
     buffer of its own: then read into ``read_buffer()`` (never more than it offers)
     and reported with ``read_done``. RAW data is kept as given (views of frame
-    buffers included) and only turned into bytes at the end, after every later read:
-    a view into a buffer written again would show there. Returns what was forwarded, the frames, the errors and,
-    for each frame buffer allocated, (its size, the bytes of its frame read by
-    then)."""
+    buffers included) and only turned into bytes at the end, after every later
+    read: a view into a buffer written again would show there. Returns what was
+    forwarded, the frames, the errors and, for each frame buffer allocated, (its
+    size, the bytes of its frame read by then)."""
     from kinspect.codec import FrameSizeError
     from kinspect.proxy.server import RAW, SCRATCH, CutThrough, Unfilled
 

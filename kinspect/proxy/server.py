@@ -11,10 +11,11 @@ decoding under load but never drops a frame.
 
 Reads: the event loop hands each side's reads over as ``bytes``
 (``data_received``); a read that is exactly one whole frame, with nothing under way
-and nothing to hold it for, is forwarded there and then, in a few Python calls (what a request's latency through
-the proxy is made of). A large frame gets a buffer of its own once a sixteenth of it
-has arrived, and the side's transport then reads the rest straight into it
-(``BufferedProtocol``, :class:`CutThrough`) until the frame is whole.
+and nothing to hold it for, is forwarded there and then, in a few Python calls
+(what a request's latency through the proxy is made of). A large frame gets a
+buffer of its own once a sixteenth of it has arrived, and the side's transport then
+reads the rest straight into it (``BufferedProtocol``, :class:`CutThrough`) until
+the frame is whole.
 
 Flow control both ways: a side whose peer cannot keep up stops being read, so a
 slow client holds back the broker (and the reverse) instead of filling memory.
