@@ -748,6 +748,75 @@ async def test_a_client_leaving_mid_frame_gives_the_frame_buffer_back(tansu):
         assert proxy.unfilled.room == UNFILLED_MAX
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_large_frame_read_while_flow_control_pauses_its_side(tansu, unique, loop):
+    """A client with a 4 KiB receive buffer asks for a 4 MiB Fetch response and does
+    not read. The proxy gives the response frame its own buffer at its first read
+    (any part of it will do here) and forwards that read; with 4 KiB of send buffer
+    towards the client, most of it stays unsent, so the proxy pauses reading the
+    broker inside that same read (any byte left unsent pauses it here), and then switches the broker's transport to reading
+    into the frame's buffer while it is paused. When the client reads, reading
+    resumes, into that buffer, and the client gets the response whole: on asyncio's
+    event loop and on uvloop's."""
+    import uvloop
+
+    from kinspect.proxy import server
+
+    topic = unique("paused")
+    create_topic(tansu.bootstrap, topic)
+    fill_topic(tansu.bootstrap, topic, count=400, size=10 * 1024)  # ~4 MiB
+    req = fetch(7, topic)
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    switches = []  # (reading paused for flow control?, reading into the frame's buffer?)
+    real = server._UpstreamSide.data_received
+
+    def watched(self, data):
+        real(self, data)
+        conn = self.conn
+        if conn.resp_cut.own is not None:
+            switches.append((bool(conn.up_hold & server.HOLD_FLOW),
+                             conn.up_tr.get_protocol() is self.frame_side))
+
+    async def main():
+        async with running_proxy(tansu.bootstrap) as (proxy, rec):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(proxy.address)
+            sock.setblocking(False)
+            reader, writer = await asyncio.open_connection(sock=sock)
+            writer.write(frame(api_versions(1)))  # the broker connection is up
+            (size,) = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 20))
+            await asyncio.wait_for(reader.readexactly(size), 20)
+            [conn] = proxy.connections
+            conn.client_tr.get_extra_info("socket").setsockopt(
+                socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)  # the kernel takes little
+            conn.client_tr.set_write_buffer_limits(high=1)
+            conn.resp_cut.direct_share = 1 << 30
+            reader._limit = 1  # (StreamReader: stop reading from the socket at once)
+            writer.write(frame(req))
+            await wait_for(lambda: switches, timeout=20, what="the response frame's buffer")
+            reader._limit = 1 << 16
+            (size,) = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 20))
+            got = await asyncio.wait_for(reader.readexactly(size), 30)
+            writer.close()
+            await proxy.pipeline.drained()
+            return got, rec.flows
+
+    server._UpstreamSide.data_received = watched
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        got, flows = ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
+        server._UpstreamSide.data_received = real
+    assert switches[0] == (True, True), f"did not switch while paused: {switches}"
+    assert len(got) > 3 * MiB and corr_of(got) == 7
+    [flow] = [f for f in flows if f.correlation_id == 7]
+    assert flow.response == got and type(flow.response) is bytes
+    direct = _exchange_direct(host, int(port), [req])[0]
+    assert _records_of(direct) == _records_of(got)
+
+
 async def test_shutdown_while_a_client_sends_a_large_frame_ends_cleanly(tansu):
     """The proxy shuts down while a client is in the middle of a 4 MiB request that
     is being read into a buffer of its own, and the client goes on sending: the
