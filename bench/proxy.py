@@ -507,7 +507,7 @@ def _measure_memory(mode: str, args: argparse.Namespace, workdir: Path) -> dict[
 
 
 # ---------------------------------------------------------------------------
-# latency, interleaved request by request (raw sockets)
+# the latency loop, interleaved message by message
 # ---------------------------------------------------------------------------
 
 def _interleaved_latency(modes: list[str], n: int, warmup: int,
