@@ -1158,7 +1158,7 @@ def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int
                 k = min(len(buf), k)
                 buf[:k] = stream[pos:pos + k]
                 pos += k
-                events = cutter.read_done(k, lambda corr: corr in held)
+                events = cutter.read_done(k)
         except FrameSizeError as e:
             events = e.events
             errors.append(e.offset)
@@ -1248,7 +1248,7 @@ def test_a_large_frame_is_read_into_the_bytes_it_becomes():
             buf = cutter.read_buffer()
             k = min(len(buf), k)
             buf[:k] = stream[pos:pos + k]
-            events = cutter.read_done(k, lambda corr: False)
+            events = cutter.read_done(k)
         pos += k
         for kind, x, _ in events:
             (raws if kind == RAW else frames).append(x)
@@ -1310,7 +1310,7 @@ def test_large_frame_reads_share_a_budget():
                 assert len(buf) <= SCRATCH
                 k = min(len(buf), k)
                 buf[:k] = stream[pos[cut]:pos[cut] + k]
-                events = cut.read_done(k, lambda corr: False)
+                events = cut.read_done(k)
             pos[cut] += k
             for kind, x, _ in events:
                 if kind == RAW:

@@ -241,12 +241,11 @@ class CutThrough:
             raise RuntimeError("CutThrough.read_buffer() without a frame buffer (see take())")
         return self.own_view[self.fill:self.fill + SCRATCH]
 
-    def read_done(self, n: int, must_hold) -> list:
+    def read_done(self, n: int) -> list:
         """``n`` bytes were read into :meth:`read_buffer`'s buffer: the events, as
         :meth:`feed` returns them, RAW data as read-only views of the frame's buffer.
         When the frame is whole, :attr:`own` is None again: later bytes go to
-        :meth:`take`. (``must_hold`` is not asked, the frame having started in
-        ``take``: it is there so that both read paths take the same arguments.)
+        :meth:`take`. (Whether the frame is held was decided in ``take``.)
 
         Raises:
             RuntimeError: no frame has a buffer of its own.
@@ -682,7 +681,7 @@ class Connection:
 
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
                  "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
-                 "up_hold", "opened", "closed_ns", "draining", "forwarding", "__weakref__")
+                 "up_hold", "opened", "closed_ns", "draining", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -701,9 +700,6 @@ class Connection:
         self.closed = False
         #: shutting down: requests are no longer forwarded, responses still are
         self.draining = False
-        #: requests go straight to the broker: it is connected, and the connection
-        #: is neither draining nor closed
-        self.forwarding = False
         self._early: list[bytes] = []
         #: why reading is paused (bit set of HOLD_*); reading resumes when empty
         self.client_hold = HOLD_CONNECTING
@@ -723,7 +719,7 @@ class Connection:
             return  # read and dropped: the connection is ending
         self.proxy.stats.bytes_from_clients += n
         try:
-            events, error = self.req_cut.read_done(n, self._hold_request), None
+            events, error = self.req_cut.read_done(n), None
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         self._requests(events, error)
@@ -792,7 +788,7 @@ class Connection:
             return
         self.proxy.stats.bytes_from_brokers += n
         try:
-            events, error = self.resp_cut.read_done(n, self._must_hold), None
+            events, error = self.resp_cut.read_done(n), None
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         self._responses(events, error)
@@ -915,7 +911,6 @@ class Connection:
         if self.closed:
             tr.close()
             return
-        self.forwarding = not self.draining
         if self._early:
             tr.writelines(self._early)
             self._early = []
@@ -928,7 +923,6 @@ class Connection:
         """Shutting down: stop forwarding requests (what the client still sends
         is read and dropped); responses to forwarded requests still go through."""
         self.draining = True
-        self.forwarding = False
         self._early = []
         self.resume_upstream(HOLD_PIPELINE)
         if self.client_hold and not self.client_tr.is_closing():
@@ -942,7 +936,6 @@ class Connection:
         if self.closed:
             return
         self.closed = True
-        self.forwarding = False
         if reason:
             log.log(level, "conn %d (%s): closing: %s", self.id, self.client, reason)
         if self.up_tr is not None and not self.up_tr.is_closing():
@@ -1079,8 +1072,8 @@ class _ClientSide(asyncio.Protocol):
         # request's latency through the proxy is made of): the read is one whole
         # request frame, none is under way, and nothing may change it. The same as
         # client_data() would do (CutThrough.feed's first branch), without the events.
-        if n >= 8 and conn.forwarding and not cut.left and not cut.head \
-                and self.proxy.request_mutator is None:
+        if n >= 8 and conn.up_tr is not None and not conn.closed and not conn.draining \
+                and not cut.left and not cut.head and self.proxy.request_mutator is None:
             size = _I(data, 0)[0]
             if size + 4 == n and size <= cut.max_frame:
                 conn.up_tr.write(data)
