@@ -33,7 +33,13 @@ Crash safety: lines are buffered whole and written in batches of whole lines
 (every :attr:`CaptureWriter.flush_lines` lines or
 :attr:`CaptureWriter.flush_bytes` bytes, after at most
 :attr:`CaptureWriter.flush_interval` seconds, and on close), so a crash can only
-leave a torn *last* line, which :func:`read_capture` skips with a warning.
+leave a torn *last* line, which :func:`read_capture` skips with a warning. An
+uncompressed capture on a file system that takes ``O_DIRECT`` (ext4, XFS, and
+others) is written past the page cache instead
+(:class:`~kinspect.pagecache.DirectAppender`): lines go out in whole 4 KiB blocks as
+4 MiB of them gather, and the rest at most ``flush_interval`` seconds after it was
+buffered, and on close. A crash, or a reader while the capture is being written,
+may then also find a torn last line, and nothing else.
 
 Rotation (``--capture-max-bytes N``): when the JSON bytes written to the current
 part (counted before gzip) would pass ``N``, a new part is started (a part holds at
@@ -84,7 +90,7 @@ from . import __version__
 from .codec import Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
 from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
-from .pagecache import DropBehind
+from .pagecache import DirectAppender, DropBehind
 from .units import parse_size
 
 try:  # SIMD base64 (some 30x binascii's speed): frames are most of a capture's bytes
@@ -408,6 +414,11 @@ class CaptureWriter(CaptureHooks):
         flush_bytes: ... or this many bytes,
         flush_interval: ... and at most this many seconds after a line was buffered
             (a timer on the running event loop; without one, checked on each line).
+        direct: write an uncompressed capture through ``O_DIRECT`` where the file
+            system allows it (:class:`~kinspect.pagecache.DirectAppender`; then
+            ``flush_lines`` and ``flush_bytes`` do not apply: whole blocks are written
+            as they fill, the rest after ``flush_interval``). ``False``: through the
+            page cache, with drop-behind.
 
     Hooks (called by :class:`~kinspect.proxy.pipeline.Pipeline`): ``on_connect``,
     ``on_request``, ``on_flow``, ``on_disconnect``, ``close``.
@@ -423,7 +434,7 @@ class CaptureWriter(CaptureHooks):
                  upstream: str = "", listen: str = "", secrets: bool = False,
                  max_bytes: int | None = None, flush_lines: int = 1000,
                  flush_bytes: int = 1 << 20, flush_interval: float = 1.0,
-                 start_ns: int | None = None):
+                 start_ns: int | None = None, direct: bool = True):
         self.path = Path(path)
         self.codec = codec or Codec()
         self.upstream = upstream
@@ -439,6 +450,8 @@ class CaptureWriter(CaptureHooks):
         self.flush_interval = flush_interval
         self.start_ns = start_ns if start_ns is not None else time.time_ns()
         self.gzip = self.path.name.endswith(".gz")
+        self.direct = direct
+        self._direct: DirectAppender | None = None
         self.lines = 0
         self.frames = 0
         self.redacted = 0
@@ -470,6 +483,8 @@ class CaptureWriter(CaptureHooks):
         raw = open(p, "wb", buffering=0)
         self._raw = raw
         self._drop = DropBehind(raw.fileno())
+        self._direct = (DirectAppender.open(p, raw.fileno()) if self.direct and not self.gzip
+                        else None)
         self._fh = gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) if self.gzip \
             else raw
         self._part = part
@@ -479,7 +494,12 @@ class CaptureWriter(CaptureHooks):
         self._append(self._session_line(), rotate=False)
 
     def _close_part(self) -> None:
-        self._write_pending()
+        try:
+            self._write_pending()
+        finally:
+            if self._direct is not None:
+                self._direct.close()
+                self._direct = None
         if self._fh is not self._raw:
             self._fh.close()
         self._drop.close()
@@ -513,6 +533,18 @@ class CaptureWriter(CaptureHooks):
         self._part_bytes += size
         self._part_lines += rotate
         self.lines += 1
+        direct = self._direct
+        if direct is not None:  # straight into its buffer; whole blocks go out as they fill
+            if direct.flushed:
+                self._pending_since = time.monotonic()
+                self._arm_timer()
+            for part in parts:
+                direct.write(part)
+            if direct.refused:  # all of it went through the page cache: go on that way
+                self._direct = None
+            elif time.monotonic() - self._pending_since >= self.flush_interval:
+                self.flush()
+            return
         if not self._pending:
             self._pending_since = time.monotonic()
             self._pending_bytes = 0
@@ -540,6 +572,12 @@ class CaptureWriter(CaptureHooks):
             self.flush()
 
     def _write_pending(self) -> None:
+        direct = self._direct
+        if direct is not None:
+            direct.flush()
+            if direct.refused:
+                self._direct = None
+            return
         if not self._pending:
             return
         parts = self._pending

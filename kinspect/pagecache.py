@@ -20,11 +20,25 @@ is given again for the whole file. Where ``sync_file_range`` is missing (not Lin
 not in the C library, no ctypes) or refused (a pipe, a file system that does not
 support it), only that last advice is given; where ``posix_fadvise`` is missing or
 refused, nothing is, and the file is written as usual.
+
+:class:`DirectAppender` does better where the file system allows it: it writes a
+file through ``O_DIRECT`` (open(2)), from a buffer of its own aligned to
+:data:`BLOCK`, so the bytes go from that buffer to the disk without a page of the
+page cache being allocated, filled, written out and let go for them. On the
+virtual machine the benchmarks run on, writing 420 MB in 1.4 MB lines cost
+0.13-0.14 s of system time with drop-behind, against 0.02-0.03 s of system and
+0.02 s of user time (the copy into the buffer) this way (BENCHMARKS.md, Proxy,
+eighth session). Only whole blocks can be written so: the rest, less than a block,
+goes through the page cache when :meth:`DirectAppender.flush` is called, and is
+written again, with what follows it, in the next block.
 """
 
 from __future__ import annotations
 
+import errno
+import mmap
 import os
+import stat
 from typing import Any, Callable
 
 #: bytes between two write-out requests
@@ -112,3 +126,167 @@ class DropBehind:
         except OSError:  # e.g. ESPIPE: not a regular file; write-out alone is no help
             self._advise = False
             self._sync = None
+
+
+#: alignment of ``O_DIRECT`` writes (memory, file offset and length), bytes: a page,
+#: a multiple of every logical block size in common use
+BLOCK = 4096
+#: bytes gathered before whole blocks are written out (:class:`DirectAppender`)
+CHUNK = 4 << 20
+#: errors with which a file system or device refuses ``O_DIRECT`` (at open or at the
+#: first write): alignment or the flag not supported
+_REFUSED = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP})
+
+
+class DirectAppender:
+    """Appends to a new, empty regular file through ``O_DIRECT``.
+
+    Bytes given to :meth:`write` are copied into a buffer of :data:`CHUNK` bytes
+    (an anonymous mapping, so page-aligned); each time it fills, its whole blocks
+    (:data:`BLOCK`) are written at once with ``O_DIRECT`` (a second descriptor on
+    the file) and the rest, less than a block, moves to the buffer's start. So the
+    file receives whole blocks as they fill, and may end inside a line between
+    flushes. :meth:`flush` makes the file hold everything written so far: whole
+    blocks by ``O_DIRECT``, the rest through ``fd``, the descriptor the caller opened
+    (``pwrite`` at the offset where it belongs; it is written again in the next
+    ``O_DIRECT`` block, with the same bytes). The caller does not write to ``fd``
+    itself while this appender is in use.
+
+    When the file system refuses ``O_DIRECT`` at the first write (``EINVAL``,
+    ``EOPNOTSUPP``: alignment or the flag not supported), everything buffered is
+    written through ``fd``, the file position of ``fd`` is left at the end, and
+    :attr:`refused` is set: the caller writes on by itself from there. :meth:`open`
+    returns ``None`` where it is refused at open (tmpfs, for instance).
+
+    Raises:
+        OSError: any other write error (a full disk, ``EIO``), as ``write`` would.
+    """
+
+    __slots__ = ("fd", "direct_fd", "buf", "view", "base", "fill", "refused", "flushed")
+
+    def __init__(self, fd: int, direct_fd: int):
+        self.fd = fd
+        self.direct_fd = direct_fd
+        self.buf = mmap.mmap(-1, CHUNK)
+        self.view = memoryview(self.buf)
+        #: file offset of the buffer's first byte (a multiple of BLOCK)
+        self.base = 0
+        #: bytes in the buffer
+        self.fill = 0
+        #: the file system refused O_DIRECT: everything went through ``fd``
+        self.refused = False
+        #: everything given so far is in the file (a flush since the last write)
+        self.flushed = True
+
+    @classmethod
+    def open(cls, path: Any, fd: int) -> "DirectAppender | None":
+        """An appender for the file ``fd`` was opened on (``path``, empty: just created
+        or truncated), or ``None`` where ``O_DIRECT`` is not available: no such flag
+        (not Linux), not a regular file, or refused by the file system."""
+        flag = getattr(os, "O_DIRECT", 0)
+        try:
+            if not flag or not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size:
+                return None
+            direct_fd = os.open(path, os.O_WRONLY | flag | getattr(os, "O_CLOEXEC", 0))
+        except OSError:
+            return None
+        try:
+            return cls(fd, direct_fd)
+        except (OSError, ValueError):  # no memory for the buffer
+            os.close(direct_fd)
+            return None
+
+    @property
+    def end(self) -> int:
+        """The file's size once everything given so far is written (bytes)."""
+        return self.base + self.fill
+
+    def write(self, data: Any) -> None:
+        """Append ``data`` (any bytes-like object)."""
+        n = len(data)
+        if not n:
+            return
+        self.flushed = False
+        if self.refused:
+            self._plain(data)
+            return
+        fill = self.fill
+        if fill + n <= CHUNK:
+            self.view[fill:fill + n] = data
+            self.fill = fill + n
+            if fill + n == CHUNK:
+                self._blocks()
+            return
+        data = memoryview(data).cast("B")
+        pos = 0
+        while pos < n:
+            k = min(n - pos, CHUNK - self.fill)
+            self.view[self.fill:self.fill + k] = data[pos:pos + k]
+            self.fill += k
+            pos += k
+            if self.fill == CHUNK:
+                self._blocks()
+                if self.refused:
+                    self._plain(data[pos:])
+                    return
+
+    def flush(self) -> None:
+        """Make the file hold everything given so far (the part of a block through
+        ``fd``)."""
+        if self.flushed:
+            return
+        if not self.refused:
+            if self.fill >= BLOCK:
+                self._blocks()
+            if not self.refused and self.fill:
+                _pwrite_all(self.fd, self.view[:self.fill], self.base)
+        self.flushed = True
+
+    def close(self) -> None:
+        """:meth:`flush`, then let go of the ``O_DIRECT`` descriptor and the buffer
+        (``fd`` stays open: it is the caller's)."""
+        try:
+            self.flush()
+        finally:
+            if self.direct_fd >= 0:
+                os.close(self.direct_fd)
+                self.direct_fd = -1
+            self.view.release()
+            self.buf.close()
+
+    def _blocks(self) -> None:
+        """Write the buffer's whole blocks with O_DIRECT; the rest moves to its start."""
+        whole = self.fill - self.fill % BLOCK
+        try:
+            _pwrite_all(self.direct_fd, self.view[:whole], self.base)
+        except OSError as e:
+            if e.errno not in _REFUSED or self.base:
+                raise
+            self._refuse()  # the first write: the file system does not take O_DIRECT
+            return
+        rest = self.fill - whole
+        if rest:
+            self.view[:rest] = bytes(self.view[whole:self.fill])
+        self.base += whole
+        self.fill = rest
+
+    def _refuse(self) -> None:
+        self.refused = True
+        _pwrite_all(self.fd, self.view[:self.fill], self.base)
+        os.lseek(self.fd, self.base + self.fill, os.SEEK_SET)
+        self.base += self.fill
+        self.fill = 0
+
+    def _plain(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        self.base += view.nbytes
+        while view:
+            view = view[os.write(self.fd, view):]
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    """``os.pwrite`` all of ``data`` at ``offset``, resuming after short writes."""
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data = data[n:]
+        offset += n

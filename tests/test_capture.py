@@ -175,7 +175,7 @@ def test_gzip_capture_reads_back(tmp_path):
 
 def test_flush_by_line_count_writes_whole_lines_before_close(tmp_path):
     path = tmp_path / "cap.jsonl"
-    w = CaptureWriter(path, CODEC, flush_lines=3, flush_interval=3600)
+    w = CaptureWriter(path, CODEC, flush_lines=3, flush_interval=3600, direct=False)
     for f in metadata_flows(2):  # session + 4 frame lines: one flush after 3 lines
         w.on_request(f)
         w.on_flow(f)
