@@ -95,15 +95,31 @@ def produce(corr: int, topic: str, records: bytes, acks: int = 1, version: int =
                              pcls(Index=0, Records=records)])])
 
 
-def fetch(corr: int, topic: str, offset: int = 0, max_bytes: int = 64 * MiB) -> bytes:
+def fetch(corr: int, topic: str, offset: int = 0, max_bytes: int = 64 * MiB,
+          max_wait_ms: int = 100) -> bytes:
     """Fetch v12 (topic by name, no KIP-951 endpoints: byte-identical through the proxy)."""
     c = codec()
     tcls = c.request_codec(1).spec.struct.field("Topics").struct
     pcls = tcls.field("Partitions").struct.cls
-    return request_bytes(1, 12, corr, ReplicaId=-1, MaxWaitMs=100, MinBytes=1,
+    return request_bytes(1, 12, corr, ReplicaId=-1, MaxWaitMs=max_wait_ms, MinBytes=1,
                          MaxBytes=max_bytes, IsolationLevel=0, SessionId=0, SessionEpoch=-1,
                          Topics=[tcls.cls(Topic=topic, Partitions=[
                              pcls(Partition=0, CurrentLeaderEpoch=-1, FetchOffset=offset,
+                                  LastFetchedEpoch=-1, LogStartOffset=-1,
+                                  PartitionMaxBytes=max_bytes)])],
+                         ForgottenTopicsData=[], RackId="")
+
+
+def fetch_v16(corr: int, topic_id, max_bytes: int = 64 * MiB) -> bytes:
+    """Fetch v16 (topic by id; its answer may carry KIP-951 NodeEndpoints, so the
+    proxy holds it whole and checks it)."""
+    c = codec()
+    tcls = c.request_codec(1).spec.struct.field("Topics").struct
+    pcls = tcls.field("Partitions").struct.cls
+    return request_bytes(1, 16, corr, MaxWaitMs=100, MinBytes=1, MaxBytes=max_bytes,
+                         IsolationLevel=0, SessionId=0, SessionEpoch=-1,
+                         Topics=[tcls.cls(TopicId=topic_id, Partitions=[
+                             pcls(Partition=0, CurrentLeaderEpoch=-1, FetchOffset=0,
                                   LastFetchedEpoch=-1, LogStartOffset=-1,
                                   PartitionMaxBytes=max_bytes)])],
                          ForgottenTopicsData=[], RackId="")
@@ -1461,6 +1477,306 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     assert stats.bytes_from_clients == read_from_client
     assert stats.bytes_from_brokers == read_from_broker
     assert seen["consumed"] == (read_from_client, read_from_broker)
+
+
+async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
+        tansu, unique, monkeypatch):
+    """Frames forwarded on the short path are paired later (``Connection.settle``):
+    at the pipeline's next batch, or first thing when a long path runs, whichever
+    comes first, and always in their order on the wire. Before that, the tracker has
+    not seen them. Of the requests waiting so, the ones whose answers are to be
+    checked for broker addresses are known (not an acks=0 Produce: no answer is
+    expected); after a SaslHandshake v0 (raw SASL tokens may follow, which only the
+    tracker tells apart) the connection takes the long path only. No flow is lost
+    or paired wrongly."""
+    from proxyutil import Recorder
+
+    from kinspect.flows import NO_RESPONSE, UNPAIRED
+    from kinspect.proxy import server
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    long_reads: list[int] = []
+    long_answers: list[int] = []
+    client_data, upstream_data = server.Connection.client_data, server.Connection.upstream_data
+
+    def counted(self, data):
+        long_reads.append(len(data))
+        return client_data(self, data)
+
+    def counted_up(self, data):
+        long_answers.append(len(data))
+        return upstream_data(self, data)
+
+    monkeypatch.setattr(server.Connection, "client_data", counted)
+    monkeypatch.setattr(server.Connection, "upstream_data", counted_up)
+    topic, empty = unique("settle"), unique("settle-empty")
+    create_topic(tansu.bootstrap, topic)
+    create_topic(tansu.bootstrap, empty)
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    pipeline = Pipeline(codec(), delay=3600)  # no batch unless asked for
+    rec = Recorder()
+    pipeline.add(rec)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+    await proxy.start()
+    try:
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))  # may wait for the broker connection
+        await proxy.pipeline.drained()
+        conn = next(iter(proxy.connections))
+        assert [f.correlation_id for f in rec.flows] == [1] and not conn.unsettled
+        # round trips on the short path wait, in order, since the last long path (a
+        # broker may now and then write an answer in pieces: that one is paired at
+        # once, with all before it)
+        deferred: list[int] = []
+        for corr in range(2, 10):
+            seen = len(long_reads) + len(long_answers)
+            await roundtrip(raw, api_versions(corr))
+            deferred = [] if len(long_reads) + len(long_answers) > seen else deferred
+            deferred += [corr, corr]
+        assert len(deferred) >= 4, "answers came in pieces again and again"
+        assert [struct.unpack_from(">i", ev[0], 8 if len(ev) == 2 else 4)[0]
+                for ev in conn.unsettled] == deferred
+        assert not conn.tracker.inflight
+        assert proxy.unsettled_frames == len(deferred) and proxy.unsettled == [conn]
+        # one read each, answered in order after the Fetch's wait (nothing to fetch):
+        # the Metadata answer will be checked (and rewritten), the Fetch v12's and
+        # the acks=0 Produce v10's not (Kafka brokers do not answer that; Tansu does)
+        queued = [fetch(10, empty, max_wait_ms=1000),
+                  produce(11, topic, record_batch([b"x"]), acks=0, version=10), metadata(12)]
+        for req in queued:
+            consumed = conn.req_cut.consumed
+            raw.send(req)
+            await wait_for(lambda: conn.req_cut.consumed > consumed, what="a request read")
+        assert conn.apis == {10: None, 11: None, 12: (3, 12)}
+        for corr in (10, 11, 12):
+            assert corr_of(await raw.read()) == corr
+        assert not conn.apis
+        # a frame in two reads takes the long path: what came before is paired first
+        whole = frame(api_versions(13))
+        n_long = len(long_reads)
+        raw.writer.write(whole[:6])
+        await raw.writer.drain()
+        await wait_for(lambda: len(long_reads) > n_long, what="the long path")
+        assert not conn.unsettled and proxy.unsettled_frames == proxy.unsettled_bytes == 0
+        assert list(conn.tracker.pending) == []  # all answered (11 expected nothing)
+        raw.writer.write(whole[6:])
+        assert corr_of(await raw.read()) == 13
+        # an answer in several reads takes the long path: its request, forwarded on
+        # the short path, is paired first, so that the answer is held whole and
+        # checked (Fetch v16: KIP-951 NodeEndpoints)
+        await roundtrip(raw, produce(14, topic, record_batch([os.urandom(600_000)])))
+        meta = codec().decode_response(await roundtrip(raw, metadata(15)), 3, 12).body
+        topic_id = next(t.TopicId for t in meta.Topics if t.Name == topic)
+        n_up = len(long_answers)
+        assert len(await roundtrip(raw, fetch_v16(16, topic_id))) > 600_000
+        assert len(long_answers) > n_up and conn.unsettled == []
+        # SaslHandshake v0: the long path from now on (Tansu refuses the mechanism)
+        sasl = request_bytes(17, 0, 17, Mechanism="PLAIN")
+        assert corr_of(await roundtrip(raw, sasl)) == 17
+        assert not conn.simple
+        n_long = len(long_reads)
+        for corr in range(18, 21):
+            await roundtrip(raw, api_versions(corr))
+        assert len(long_reads) - n_long == 3 and not conn.unsettled
+        await proxy.pipeline.drained()
+        flows = sorted(rec.flows, key=lambda f: f.correlation_id)
+        assert [f.correlation_id for f in flows] == [*range(1, 12), 11, *range(12, 21)]
+        request11, answer11 = sorted((f for f in flows if f.correlation_id == 11),
+                                     key=lambda f: f.response is not None)
+        assert NO_RESPONSE in request11.flags and request11.response is None
+        assert UNPAIRED in answer11.flags and corr_of(answer11.response) == 11  # Tansu's
+        for f in flows:
+            if f.correlation_id == 11:
+                continue
+            assert corr_of(f.response) == f.correlation_id
+            assert f.request_ns <= f.response_ns
+            assert f.flags == ({"rewritten"} if f.api_key == 3 else set()), f
+        assert flows[-5].notes == [] and flows[-5].response_decoded is not None  # checked
+        raw.close()
+    finally:
+        await proxy.close()
+
+
+async def test_frames_reach_the_pipeline_in_arrival_order_across_connections(tansu):
+    """Pairing later does not reorder: the pipeline (and so a capture) gets every
+    connection's frames in the order they arrived at the proxy, whether they were
+    paired at a batch or before another connection's long path."""
+    from proxyutil import Recorder
+
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    pipeline = Pipeline(codec(), delay=3600)
+    rec = Recorder()
+    pipeline.add(rec)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+    await proxy.start()
+    try:
+        a, b = [await Raw.open(*proxy.address) for _ in range(2)]
+        for raw in (a, b):
+            await roundtrip(raw, api_versions(1))
+        await proxy.pipeline.drained()
+        order = []
+        for raw, corr in ((a, 2), (b, 2), (a, 3), (b, 3), (a, 4)):  # short path
+            await roundtrip(raw, api_versions(corr))
+            order.append((raw, corr))
+        whole = frame(api_versions(5))  # b, in two reads: b's long path
+        b.writer.write(whole[:6])
+        await b.writer.drain()
+        await asyncio.sleep(0.05)
+        b.writer.write(whole[6:])
+        assert corr_of(await b.read()) == 5
+        for raw, corr in ((a, 5), (b, 6), (a, 6)):
+            await roundtrip(raw, api_versions(corr))
+        await proxy.pipeline.drained()
+        conn_a, conn_b = sorted(proxy.connections, key=lambda c: c.id)
+        got = [(f.conn, f.correlation_id) for f in rec.flows[2:]]
+        assert got == [(conn_a.id, 2), (conn_b.id, 2), (conn_a.id, 3), (conn_b.id, 3),
+                       (conn_a.id, 4), (conn_b.id, 5), (conn_a.id, 5), (conn_b.id, 6),
+                       (conn_a.id, 6)]
+        ns = [f.request_ns for f in rec.requests]
+        assert ns == sorted(ns)
+        a.close()
+        b.close()
+    finally:
+        await proxy.close()
+
+
+async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tansu):
+    """A client may reuse a correlation id: an ApiVersions request reusing the id of
+    a Metadata request (paired by the tracker, its answer waiting to be) gets its
+    answer forwarded unchanged and unflagged, not checked as a Metadata answer."""
+    from proxyutil import Recorder
+
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    pipeline = Pipeline(codec(), delay=3600)
+    rec = Recorder()
+    pipeline.add(rec)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+    await proxy.start()
+    try:
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        whole = frame(metadata(5))  # in two reads: the long path, paired at once
+        raw.writer.write(whole[:6])
+        await raw.writer.drain()
+        await asyncio.sleep(0.05)
+        raw.writer.write(whole[6:])
+        assert corr_of(await raw.read()) == 5
+        again = await roundtrip(raw, api_versions(5))
+        await proxy.pipeline.drained()
+        flows = [f for f in rec.flows if f.correlation_id == 5]
+        assert [f.api_key for f in flows] == [3, 18]
+        assert flows[1].response == again and flows[1].response_sent is None
+        assert not flows[1].flags and flows[1].error is None and not flows[1].notes
+        assert proxy.stats.undecoded == 0
+        raw.close()
+    finally:
+        await proxy.close()
+
+
+async def test_a_connection_closing_pairs_its_short_path_frames_first(tansu, unique):
+    """A request forwarded on the short path and still unanswered when its client
+    leaves becomes a flow flagged ``closed`` (and the ones answered before it, paired
+    flows), like any request in flight at close; so does one still unanswered when
+    the proxy shuts down, after waiting for its answer."""
+    from proxyutil import Recorder
+
+    from kinspect.flows import CLOSED
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    empty = unique("settle-close")
+    create_topic(tansu.bootstrap, empty)
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    pipeline = Pipeline(codec(), delay=3600)  # nothing but the close pairs them
+    rec = Recorder()
+    pipeline.add(rec)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+    await proxy.start()
+    closed = False
+    try:
+        raws = [await Raw.open(*proxy.address) for _ in range(2)]
+        for raw in raws:
+            await roundtrip(raw, api_versions(1))
+        await proxy.pipeline.drained()
+        for raw in raws:
+            await roundtrip(raw, api_versions(2))
+        await proxy.pipeline.drained()  # with only short-path frames waiting
+        assert sorted(f.correlation_id for f in rec.flows) == [1, 1, 2, 2]
+        conns = sorted(proxy.connections, key=lambda c: c.id)
+        for raw, conn in zip(raws, conns):
+            consumed = conn.req_cut.consumed
+            raw.send(fetch(3, empty, max_wait_ms=2000))  # for data that does not come
+            await wait_for(lambda: conn.req_cut.consumed > consumed, what="the Fetch read")
+        assert all(len(c.unsettled) == 1 for c in conns)
+        raws[0].close()  # the client leaves before the answer
+        await wait_for(lambda: conns[0].closed, what="the connection to close")
+        assert not conns[0].unsettled
+        flows = sorted((f for f in rec.flows if f.conn == conns[0].id),
+                       key=lambda f: f.correlation_id)
+        assert [f.correlation_id for f in flows] == [1, 2]  # (no batch since)
+        await proxy.close()  # the other Fetch: answered before the connection ends
+        closed = True
+        by_conn = {c.id: sorted((f for f in rec.flows if f.conn == c.id),
+                                key=lambda f: f.correlation_id) for c in conns}
+        first, second = by_conn[conns[0].id], by_conn[conns[1].id]
+        assert [f.correlation_id for f in first] == [1, 2, 3]
+        assert [corr_of(f.response) for f in first[:2]] == [1, 2]
+        assert first[2].response is None and CLOSED in first[2].flags
+        assert [corr_of(f.response) for f in second] == [1, 2, 3]
+        assert not any(CLOSED in f.flags for f in second)
+    finally:
+        if not closed:
+            await proxy.close()
+
+
+async def test_request_headers_naming_any_api_version_do_not_grow_the_proxy(
+        tansu, monkeypatch):
+    """The proxy remembers per (api key, api version) whether answers may carry
+    broker addresses; the pairs come from request headers, so a client naming a new
+    version in every request makes it remember no more than the cap (here lowered
+    to 20), and every request is still answered and paired."""
+    from kinspect.proxy import server
+
+    from kinspect.codec import protocol
+
+    monkeypatch.setattr(server, "_CACHE_MAX", 20)
+    monkeypatch.setattr(protocol, "_CACHE_MAX", 20)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        for i, version in enumerate(range(100, 160)):  # versions no one supports
+            req = bytearray(metadata(2 + i))
+            struct.pack_into(">h", req, 2, version)
+            assert corr_of(await roundtrip(raw, bytes(req))) == 2 + i
+        assert 0 < len(proxy._rw_cache) <= 20
+        await proxy.pipeline.drained()  # (decoded: header versions looked up)
+        assert sorted(f.correlation_id for f in rec.flows) == list(range(1, 62))
+        hv = proxy.codec._hv_cache
+        assert 0 < sum(v is None for v in hv.values()) <= 20
+        raw.close()
+
+
+async def test_short_path_frames_are_paired_by_the_pipeline_timer_alone(tansu):
+    """With nothing else happening, the pipeline's ``delay`` timer pairs the frames
+    of the short path and hands the flows on."""
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        await wait_for(lambda: len(rec.flows) == 1, what="the first flow")
+        await roundtrip(raw, api_versions(2))
+        await roundtrip(raw, api_versions(3))
+        await wait_for(lambda: len(rec.flows) == 3, what="the pipeline's timer")
+        assert [f.correlation_id for f in rec.flows] == [1, 2, 3]
+        assert all(corr_of(f.response) == f.correlation_id for f in rec.flows)
+        assert not proxy.unsettled and proxy.unsettled_frames == proxy.unsettled_bytes == 0
+        raw.close()
 
 
 # ---------------------------------------------------------------------------

@@ -26,6 +26,9 @@ _UNSET = object()
 API_VERSIONS = 18
 CONTROLLED_SHUTDOWN = 7
 UNSUPPORTED_VERSION = 35
+#: most entries of the per-(api key, api version) caches for pairs no spec defines
+#: (they come from frame headers, which may hold anything)
+_CACHE_MAX = 4096
 
 _HHI = _S(">hhi").unpack_from
 _I = _S(">i").unpack_from
@@ -147,7 +150,8 @@ class Codec:
                 hv = 0
             else:
                 hv = 2 if spec.is_flexible(api_version) else 1
-            self._hv_cache[key] = hv
+            if hv is not None or len(self._hv_cache) < _CACHE_MAX:
+                self._hv_cache[key] = hv  # (unknown pairs, from frame headers: bounded)
         return hv
 
     def response_header_version(self, api_key: int, api_version: int) -> int | None:
@@ -162,7 +166,8 @@ class Codec:
                 hv = 0
             else:
                 hv = 1 if spec.is_flexible(api_version) else 0
-            self._hv_cache[key] = hv
+            if hv is not None or len(self._hv_cache) < _CACHE_MAX:
+                self._hv_cache[key] = hv
         return hv
 
     def api_name(self, api_key: int) -> str:
@@ -170,7 +175,9 @@ class Codec:
         (cached: it is asked for every frame)."""
         name = self._names.get(api_key)
         if name is None:
-            name = self._names[api_key] = self.registry.api_name(api_key)
+            name = self.registry.api_name(api_key)
+            if len(self._names) < _CACHE_MAX:  # (keys come from frame headers)
+                self._names[api_key] = name
         return name
 
     # -- requests --------------------------------------------------------------

@@ -168,8 +168,14 @@ class Pipeline:
 
     def _on_timer(self) -> None:
         self._timer = None
-        if self._q and not self._cb_pending:
+        if not self._cb_pending:
             self._drain()
+
+    def expect(self) -> None:
+        """Frames forwarded on the proxy's short path wait to be paired
+        (``Proxy.settle``, at the start of each batch): make sure a batch comes."""
+        if not (self._cb_pending or self._draining or self._timer is not None):
+            self._arm()
 
     def request(self, flow: Flow) -> None:
         """A request was forwarded (called right after the write)."""
@@ -185,8 +191,12 @@ class Pipeline:
         The proxy calls this right after forwarding requests: the broker is busy
         with them and the client has nothing to wait for, so the time is free."""
         q = self._q
-        if q and not self._cb_pending and (len(q) >= self.batch_events or
-                                           self.backlog_bytes >= self.batch_bytes):
+        proxy = self.proxy
+        if proxy is None:
+            n, size = len(q), self.backlog_bytes
+        else:  # frames of the short path, paired when the batch starts, count too
+            n, size = len(q) + proxy.unsettled_frames, self.backlog_bytes + proxy.unsettled_bytes
+        if n and not self._cb_pending and (n >= self.batch_events or size >= self.batch_bytes):
             self._drain()
 
     def complete(self, flow: Flow) -> None:
@@ -269,6 +279,11 @@ class Pipeline:
             return
         self._draining = True
         try:
+            if self.proxy is not None:
+                try:
+                    self.proxy.settle()
+                except Exception:  # noqa: BLE001 - the queued work must go on
+                    log.exception("pipeline: error while pairing frames")
             self._drain_slice()
         finally:
             self._draining = False
@@ -325,7 +340,11 @@ class Pipeline:
     async def drained(self) -> None:
         """Wait until every queued event has been handled (in slices, yielding to
         the event loop between them)."""
-        while self._q or self._cb_pending or self._draining:
+        while True:
+            if self.proxy is not None and not self._draining:
+                self.proxy.settle()
+            if not (self._q or self._cb_pending or self._draining):
+                break
             self._idle.clear()
             if self._q and not self._cb_pending and not self._draining:
                 self._schedule()

@@ -64,7 +64,9 @@ class AddressRewriter:
         p = self._paths.get(api_key)
         if p is None:
             spec = self.registry.response(api_key)
-            p = self._paths[api_key] = endpoint_paths(spec) if spec is not None else []
+            if spec is None:
+                return []  # not remembered: request headers may name any api key
+            p = self._paths[api_key] = endpoint_paths(spec)
         return p
 
     def needs_rewrite(self, api_key: int, api_version: int) -> bool:

@@ -12,7 +12,9 @@ decoding under load but never drops a frame.
 Reads: the event loop hands each side's reads over as ``bytes``
 (``data_received``); a read that is exactly one whole frame, with nothing under way
 and nothing to hold it for, is forwarded there and then, in a few Python calls
-(what a request's latency through the proxy is made of). A large frame gets a
+(what a request's latency through the proxy is made of), and pairing it waits
+(:meth:`Connection.settle`): until the pipeline's next batch, or until anything
+else happens on that connection, whichever comes first. A large frame gets a
 buffer of its own once a sixteenth of it has arrived, and the side's transport then
 reads the rest straight into it (``BufferedProtocol``, :class:`CutThrough`) until
 the frame is whole.
@@ -30,6 +32,7 @@ local listener, and responses are rewritten to point at it.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import socket
 import struct
@@ -41,7 +44,7 @@ from ..codec import Codec, DecodeError, FrameSizeError, KinspectError
 from ..codec.frames import DEFAULT_MAX_FRAME
 from ..flows import MUTATED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
 from .rewrite import AddressRewriter
-from .tracker import FlowTracker
+from .tracker import PRODUCE, SASL_HANDSHAKE, FlowTracker
 
 try:
     from ._frames import FrameBuffer as _FrameBuffer
@@ -54,6 +57,12 @@ _UNSET = object()
 _SIZE = struct.Struct(">i").pack
 _I = struct.Struct(">i").unpack_from
 _II = struct.Struct(">ii").unpack_from
+_HHI = struct.Struct(">hhi").unpack_from
+#: most (api key, api version) pairs remembered by a proxy's per-pair caches
+_CACHE_MAX = 4096
+#: bytes of short-path frames waiting to be paired past which an answer read kicks
+#: the pipeline (requests kick it anyway: Pipeline.kick)
+BATCH_KICK = 1 << 20
 RAW, END = 0, 1
 #: most bytes read at once into a frame's own buffer (about what the event loops
 #: read at once: 256,000 bytes for uvloop, 256 KiB for asyncio), and the size of the
@@ -487,6 +496,11 @@ class Proxy:
         #: what frame buffers not read into yet may come to, over all connections
         self.unfilled = Unfilled()
         self._trigger_cache: dict[tuple[int, int], frozenset[int] | None] = {}
+        #: connections with frames forwarded on the short path and not paired yet
+        #: (Connection.settle), and how many such frames (and bytes) there are
+        self.unsettled: list[Connection] = []
+        self.unsettled_frames = 0
+        self.unsettled_bytes = 0
         #: Optional frame mutators (the tagged-field workbench): callables
         #: ``(flow, frame) -> bytes | None`` returning a replacement frame (without
         #: size prefix) or ``None`` to leave the frame alone. With no request
@@ -541,8 +555,10 @@ class Proxy:
         for c in list(self.connections):
             c.drain()
         deadline = time.monotonic() + timeout
+        self.settle()
         while any(c.tracker.inflight for c in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+            self.settle()
         for c in list(self.connections):
             c.close("proxy shutting down")
         deadline = time.monotonic() + LINGER
@@ -627,7 +643,9 @@ class Proxy:
         key = (api_key, api_version)
         tags = self._trigger_cache.get(key, _UNSET)
         if tags is _UNSET:
-            tags = self._trigger_cache[key] = self.rewriter.trigger_tags(api_key, api_version)
+            tags = self.rewriter.trigger_tags(api_key, api_version)
+            if len(self._trigger_cache) < _CACHE_MAX:
+                self._trigger_cache[key] = tags
         if tags is not None and not tags & self.codec.response_top_level_tags(
                 frame, api_key, api_version):
             return None, None  # e.g. Produce/Fetch without NodeEndpoints: nothing to do
@@ -638,11 +656,15 @@ class Proxy:
         return self.codec.encode_response(resp), resp
 
     def rewrite_needed(self, api_key: int, api_version: int) -> bool:
+        """Whether responses of this api key and version may carry broker addresses
+        to rewrite (remembered for at most :data:`_CACHE_MAX` pairs: the pairs come
+        from request headers, which a client may fill with anything)."""
         key = (api_key, api_version)
         r = self._rw_cache.get(key)
         if r is None:
-            r = self._rw_cache[key] = (self.config.rewrite and
-                                       self.rewriter.needs_rewrite(api_key, api_version))
+            r = bool(self.config.rewrite and self.rewriter.needs_rewrite(api_key, api_version))
+            if len(self._rw_cache) < _CACHE_MAX:
+                self._rw_cache[key] = r
         return r
 
     def overload(self, on: bool) -> None:
@@ -667,6 +689,36 @@ class Proxy:
                 c.resume_upstream(HOLD_PIPELINE)
 
     # -- per-frame helpers used by connections ---------------------------------
+    def settle(self) -> None:
+        """Pair every frame forwarded on the short path so far and hand the flows to
+        the pipeline (:meth:`Connection.settle`), all connections' frames in the
+        order they arrived: the pipeline, and so a capture, sees the frames in time
+        order, as if each had been paired as it was forwarded. Called before each
+        pipeline batch, and before a connection's long path or close."""
+        conns = self.unsettled
+        if not conns:
+            return
+        self.unsettled = []
+        if len(conns) == 1:
+            conns[0].settle()
+            return
+        streams = []
+        for c in conns:  # (a connection settled on its own since is listed, empty)
+            events = c._take_unsettled()
+            if events:
+                streams.append([(ev[1], c, ev) for ev in events])
+        # each stream keeps its own order (merge compares heads only), whatever
+        # the clock did
+        for _ns, c, ev in heapq.merge(*streams, key=_first):
+            c._settle_one(ev)
+
+    def _unsettle(self, conn: "Connection") -> None:
+        """``conn`` now has frames waiting to be paired: make sure the pipeline's
+        next batch comes (within its ``delay``)."""
+        if not self.unsettled:
+            self.pipeline.expect()
+        self.unsettled.append(conn)
+
     def new_conn_id(self) -> int:
         self._next_conn += 1
         return self._next_conn
@@ -681,7 +733,8 @@ class Connection:
 
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
                  "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
-                 "up_hold", "opened", "closed_ns", "draining", "__weakref__")
+                 "up_hold", "opened", "closed_ns", "draining", "unsettled", "apis", "simple",
+                 "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -707,16 +760,65 @@ class Connection:
         self.opened = time.time_ns()
         #: time.time_ns() when the connection was closed (``None`` while open)
         self.closed_ns: int | None = None
+        #: frames forwarded on the short path, not paired yet, in order: requests
+        #: ``(data, ns)``, responses ``(data, ns, rewrite outcome)`` (see settle)
+        self.unsettled: list[tuple] = []
+        #: correlation id -> the unsettled requests' (api key, api version) when
+        #: their responses are to be checked for broker addresses (see
+        #: rewrite_needed), else None: the tracker, which has not seen them, stands
+        #: in for them only for ids not here (a client may reuse an id)
+        self.apis: dict[int, tuple[int, int] | None] = {}
+        #: frames may take the short path (not after a SaslHandshake v0 request:
+        #: raw SASL tokens follow, which only the tracker tells apart)
+        self.simple = True
 
     @property
     def pending(self) -> dict[int, Flow]:
         return self.tracker.pending
+
+    def settle(self) -> None:
+        """Pair the frames forwarded on the short path (``data_received``), in their
+        order, and hand the flows to the pipeline: what the long path does for each
+        frame as it forwards it. :meth:`Proxy.settle` does this for every connection
+        (in time order across them) before each pipeline batch, and before anything
+        else is done with a connection's frames (its long path, its close). Pairing
+        right after the write costs a round trip's latency on two cores (the peer
+        woken by the write waits for the core); done here, it costs the same time
+        off the forwarding path."""
+        for ev in self._take_unsettled():
+            self._settle_one(ev)
+
+    def _take_unsettled(self) -> list:
+        """The frames waiting to be paired (the list is this connection's no more)."""
+        events = self.unsettled
+        if events:
+            self.unsettled = []
+            self.apis.clear()
+            proxy = self.proxy
+            proxy.unsettled_frames -= len(events)
+            proxy.unsettled_bytes -= sum(len(ev[0]) for ev in events)
+        return events
+
+    def _settle_one(self, ev: tuple) -> None:
+        data = ev[0]
+        try:
+            if len(ev) == 2:  # a request: (data, ns)
+                self._request(data[4:], ev[1])
+                return
+            flow = self.tracker.response(data[4:], ev[1])  # (data, ns, rewrite outcome)
+            if ev[2] is not None and UNPAIRED not in flow.flags:
+                _apply_outcome(flow, ev[2])
+            self.proxy.pipeline.complete(flow)
+        except Exception:  # noqa: BLE001 - a bug must not cost the other frames' flows
+            log.exception("conn %d: cannot pair a frame (it was forwarded)", self.id)
 
     # -- client -> broker --------------------------------------------------------
     def client_read(self, n: int) -> None:
         """``n`` bytes were read from the client into ``req_cut.read_buffer()``."""
         if self.closed or self.draining:
             return  # read and dropped: the connection is ending
+        if self.proxy.unsettled:
+            self.proxy.settle()  # first what came before, on every connection
         self.proxy.stats.bytes_from_clients += n
         try:
             events, error = self.req_cut.read_done(n), None
@@ -728,6 +830,8 @@ class Connection:
         """``data`` was read from the client by the event loop."""
         if self.closed or self.draining:
             return  # read and dropped: the connection is ending
+        if self.proxy.unsettled:
+            self.proxy.settle()  # first what came before, on every connection
         self.proxy.stats.bytes_from_clients += len(data)
         try:
             events, error = self.req_cut.take(data, self._hold_request), None
@@ -773,8 +877,11 @@ class Connection:
     def _hold_request(self, _corr: int | None) -> bool:
         return self.proxy.request_mutator is not None
 
-    def _request(self, frame: bytes) -> Flow:
-        flow = self.tracker.request(frame, time.time_ns())
+    def _request(self, frame: bytes, now: int | None = None) -> Flow:
+        flow = self.tracker.request(frame, time.time_ns() if now is None else now)
+        if flow.api_key == SASL_HANDSHAKE and flow.api_version == 0:
+            self.simple = False  # raw SASL tokens may follow (KIP-43): only the
+            # tracker tells them from requests, so no short path from now on
         pipeline = self.proxy.pipeline
         pipeline.request(flow)
         if NO_RESPONSE in flow.flags:
@@ -786,6 +893,8 @@ class Connection:
         """``n`` bytes were read from the broker into ``resp_cut.read_buffer()``."""
         if self.closed:
             return
+        if self.proxy.unsettled:
+            self.proxy.settle()  # first what came before, on every connection
         self.proxy.stats.bytes_from_brokers += n
         try:
             events, error = self.resp_cut.read_done(n), None
@@ -797,6 +906,8 @@ class Connection:
         """``data`` was read from the broker by the event loop."""
         if self.closed:
             return
+        if self.proxy.unsettled:
+            self.proxy.settle()  # first what came before, on every connection
         self.proxy.stats.bytes_from_brokers += len(data)
         try:
             events, error = self.resp_cut.take(data, self._must_hold), None
@@ -886,24 +997,25 @@ class Connection:
         return sent
 
     def _rewrite(self, flow: Flow, frame: bytes) -> bytes:
-        proxy = self.proxy
+        sent, outcome = self._rewrite_frame(flow.api_key, flow.api_version, frame)
+        _apply_outcome(flow, outcome)
+        return sent
+
+    def _rewrite_frame(self, api_key: int, api_version: int,
+                       frame: bytes) -> tuple[bytes, tuple]:
+        """Rewrite the broker addresses in a response frame: the bytes to send, and
+        what happened, for :func:`_apply_outcome` to note on the flow."""
         try:
-            new, resp = proxy.rewrite_response(flow.api_key, flow.api_version, frame)
+            new, resp = self.proxy.rewrite_response(api_key, api_version, frame)
         except DecodeError as e:
-            flow.flags.add(UNDECODED)
-            flow.error = f"response: {e}"
-            return frame
+            return frame, (_UNDECODED, f"response: {e}")
         except (KinspectError, OSError) as e:
             log.warning("conn %d: cannot rewrite %s v%d response, forwarded unchanged: %s",
-                        self.id, flow.api_name, flow.api_version, e)
-            flow.notes.append(f"rewrite failed: {e}")
-            return frame
+                        self.id, self.proxy.codec.api_name(api_key), api_version, e)
+            return frame, (_FAILED, f"rewrite failed: {e}")
         if new is None:
-            flow.response_decoded = resp  # reuse: it equals the bytes on the wire
-            return frame
-        flow.response_sent = new
-        flow.flags.add(REWRITTEN)
-        return new
+            return frame, (_UNCHANGED, resp)  # reuse: it equals the bytes on the wire
+        return new, (_REWRITTEN, new)
 
     # -- lifecycle ---------------------------------------------------------------
     def upstream_ready(self, tr: asyncio.Transport) -> None:
@@ -943,6 +1055,7 @@ class Connection:
         _end_client(self.proxy, self.client_tr)
         self.req_cut.clear()
         self.resp_cut.clear()
+        self.proxy.settle()  # first what came before, on every connection
         now = self.closed_ns = time.time_ns()
         for flow in self.tracker.close():
             self.proxy.pipeline.complete(flow)
@@ -984,6 +1097,28 @@ class Connection:
         self.up_hold = was & ~why
         if was and not self.up_hold and self.up_tr is not None and not self.up_tr.is_closing():
             self.up_tr.resume_reading()
+
+
+_UNDECODED, _FAILED, _UNCHANGED, _REWRITTEN = range(4)
+
+
+def _first(item: tuple) -> Any:
+    return item[0]
+
+
+def _apply_outcome(flow: Flow, outcome: tuple) -> None:
+    """Note on ``flow`` what rewriting its response did (``Connection._rewrite_frame``)."""
+    kind, value = outcome
+    if kind == _UNCHANGED:
+        flow.response_decoded = value
+    elif kind == _REWRITTEN:
+        flow.response_sent = value
+        flow.flags.add(REWRITTEN)
+    elif kind == _UNDECODED:
+        flow.flags.add(UNDECODED)
+        flow.error = value
+    else:
+        flow.notes.append(value)
 
 
 def _end_client(proxy: Proxy, tr: asyncio.Transport) -> None:
@@ -1070,17 +1205,37 @@ class _ClientSide(asyncio.Protocol):
         n = len(data)
         # The common case, in as few Python calls as possible (they are what a
         # request's latency through the proxy is made of): the read is one whole
-        # request frame, none is under way, and nothing may change it. The same as
-        # client_data() would do (CutThrough.feed's first branch), without the events.
-        if n >= 8 and conn.up_tr is not None and not conn.closed and not conn.draining \
-                and not cut.left and not cut.head and self.proxy.request_mutator is None:
+        # request frame (with a header), none is under way, and nothing may change
+        # it. Forwarded as client_data() would (CutThrough.feed's first branch);
+        # paired later (Connection.settle).
+        if n >= 12 and conn.up_tr is not None and not conn.closed and not conn.draining \
+                and not cut.left and not cut.head and conn.simple \
+                and self.proxy.request_mutator is None:
             size = _I(data, 0)[0]
             if size + 4 == n and size <= cut.max_frame:
                 conn.up_tr.write(data)
                 cut.consumed += n
                 proxy = self.proxy
                 proxy.stats.bytes_from_clients += n
-                conn._request(data[4:])
+                api_key, api_version, corr = _HHI(data, 4)
+                if api_key == SASL_HANDSHAKE:  # paired now: raw SASL tokens may follow
+                    proxy.settle()
+                    conn._request(data[4:])
+                else:
+                    unsettled = conn.unsettled
+                    if not unsettled:
+                        proxy._unsettle(conn)
+                    unsettled.append((data, time.time_ns()))
+                    proxy.unsettled_frames += 1
+                    proxy.unsettled_bytes += n
+                    need = proxy._rw_cache.get((api_key, api_version))
+                    if need is None:
+                        need = proxy.rewrite_needed(api_key, api_version)
+                    # whether its response will be checked for broker addresses (an
+                    # acks=0 Produce's not: the tracker would not pair one)
+                    conn.apis[corr] = (api_key, api_version) if need and (
+                        api_key != PRODUCE or
+                        conn.tracker.produce_acks(data[4:], api_version) != 0) else None
                 proxy.pipeline.kick()  # as client_data does
                 return
         conn.client_data(data)
@@ -1162,27 +1317,44 @@ class _UpstreamSide(asyncio.Protocol):
         # The common case in few Python calls (see _ClientSide.data_received): the
         # read is one whole response frame, and nothing but address rewriting may
         # change it (a response mutator takes the long way). What upstream_data()
-        # does for such a frame, without the events.
-        if n >= 8 and not conn.closed and not cut.left and not cut.head:
+        # does for such a frame; paired later (Connection.settle).
+        if n >= 8 and not conn.closed and not cut.left and not cut.head and conn.simple:
             size, corr = _II(data, 0)
             proxy = conn.proxy
             if size + 4 == n and size <= cut.max_frame and proxy.response_mutator is None:
-                frame = data[4:]
-                # held for rewriting: e.g. Metadata, or Produce v10+ whose
-                # KIP-951 NodeEndpoints tag is looked for (and mostly not there)
-                flow = conn._to_rewrite(corr)
-                sent = frame if flow is None else conn._rewrite(flow, frame)
+                # held for rewriting: e.g. Metadata, or Produce v10+ whose KIP-951
+                # NodeEndpoints tag is looked for (and mostly not there). The request
+                # is unsettled (conn.apis) or with the tracker (_to_rewrite).
+                apis = conn.apis
+                api = apis.pop(corr, _UNSET) if apis else _UNSET
+                if api is _UNSET:
+                    api = None
+                    if conn.tracker.pending:
+                        flow = conn._to_rewrite(corr)
+                        if flow is not None:
+                            api = (flow.api_key, flow.api_version)
+                outcome = None
                 tr = conn.client_tr
-                if not tr.is_closing():
-                    if sent is frame:
+                if api is None:
+                    if not tr.is_closing():
                         tr.write(data)
-                    else:
-                        tr.writelines((_SIZE(len(sent)), sent))
+                else:
+                    sent, outcome = conn._rewrite_frame(api[0], api[1], data[4:])
+                    if not tr.is_closing():
+                        if outcome[0] != _REWRITTEN:
+                            tr.write(data)
+                        else:
+                            tr.writelines((_SIZE(len(sent)), sent))
                 cut.consumed += n
                 proxy.stats.bytes_from_brokers += n
-                # what _response(frame, held, change=False) does (the flow it
-                # pairs with is the one _to_rewrite looked at: nothing came between)
-                proxy.pipeline.complete(conn.tracker.response(frame, time.time_ns()))
+                unsettled = conn.unsettled
+                if not unsettled:
+                    proxy._unsettle(conn)
+                unsettled.append((data, time.time_ns(), outcome))
+                proxy.unsettled_frames += 1
+                proxy.unsettled_bytes += n
+                if proxy.unsettled_bytes >= BATCH_KICK:  # large answers waiting
+                    proxy.pipeline.kick()
                 return
         conn.upstream_data(data)
         if cut.own is not None and not conn.closed:  # a large frame: read it in place

@@ -211,7 +211,8 @@ class FlowTracker:
                     plan = tuple(head + body)
         except Exception:  # noqa: BLE001 - no plan: the generic path decides
             plan = None
-        plans[api_version] = plan
+        if plan is not None or len(plans) < 256:  # (versions come from request headers)
+            plans[api_version] = plan
         return plan
 
     def peek(self, corr: int) -> Flow | None:
