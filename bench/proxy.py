@@ -34,11 +34,14 @@ measurement:
 3. a latency loop: ``--latency`` times produce one 100-byte message and
    ``flush()``; p50/p99 of these round trips.
 
-Then, once, the latency loop interleaved message by message: every mode set up at
-once (each with its own fresh broker), one producer per mode, and ``--interleaved``
-turns, each one produce-and-flush through every mode, so that every mode's round
-trips meet the same machine state; the difference to the forwarder is taken turn
-by turn.
+Then the latency loop interleaved message by message, ``--interleaved-runs`` times:
+every mode set up at once (each with its own fresh broker), one producer per mode,
+and ``--interleaved`` turns, each one produce-and-flush through every mode, so that
+every mode's round trips meet the same machine state; the difference to the
+forwarder is taken turn by turn. Each run starts every process afresh: where the
+scheduler happens to place a run's processes moves a mode's difference by tens of
+microseconds from run to run, which no interleaving within a run cancels, so the
+report gives the median over runs and their range.
 
 Then, once per proxy mode, memory: RSS of the proxy process before and after
 opening ``--idle`` idle connections (each sends one ApiVersions request and
@@ -610,10 +613,13 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                       f"100B {m['produce_small_msgs']:.0f} msg/s; consume 10KiB "
                       f"{m['consume_large_mb']:.1f} MB/s; latency p50 {m['lat_p50']:.0f} µs "
                       f"p99 {m['lat_p99']:.0f} µs", file=sys.stderr, flush=True)
-        interleaved = {}
-        if args.interleaved:
-            interleaved = _interleaved_latency(modes, args.interleaved, args.warmup, workdir)
-            print(f"interleaved latency: {interleaved}", file=sys.stderr, flush=True)
+        interleaved = []
+        for run in range(args.interleaved_runs if args.interleaved else 0):
+            order = modes[run % len(modes):] + modes[:run % len(modes)]
+            one = _interleaved_latency(order, args.interleaved, args.warmup, workdir)
+            interleaved.append({m: one[m] for m in modes})
+            print(f"interleaved latency, run {run + 1}/{args.interleaved_runs}: {one}",
+                  file=sys.stderr, flush=True)
         memory = {}
         if args.idle or args.busy:
             for mode in modes:
@@ -708,20 +714,28 @@ def report(data: dict[str, Any]) -> str:
                              if rs else "-")
             lines.append(f"| {m} | " + " | ".join(cells) + f" | {busy} |")
     if data.get("interleaved"):
-        il = data["interleaved"]
+        runs = data["interleaved"]
+        if isinstance(runs, dict):  # (one run: JSON written before runs were repeated)
+            runs = [runs]
         lines.append("")
-        lines.append(f"Latency loop interleaved message by message: every mode set up at "
-                     f"once (each with its own broker), one producer per mode, each turn "
-                     f"one produce-and-flush through every mode, {args['interleaved']} "
-                     f"turns (+{args['warmup']} warm-up). The last column is the median "
-                     f"over turns of the mode's round trip minus the forwarder's in the "
-                     f"same turn.")
+        lines.append(f"Latency loop interleaved message by message, {len(runs)} run(s): in "
+                     f"each, every mode set up afresh at once (each with its own broker), "
+                     f"one producer per mode, each turn one produce-and-flush through every "
+                     f"mode, {args['interleaved']} turns (+{args['warmup']} warm-up). The "
+                     f"difference of a run is the median over its turns of the mode's "
+                     f"round trip minus the forwarder's in the same turn; the table gives "
+                     f"medians over the runs, and the range of the differences.")
         lines.append("")
-        lines.append("| mode | p50 µs | p99 µs | Δ vs forwarder, paired by turn µs |")
+        lines.append("| mode | p50 µs | p99 µs | Δ vs forwarder, paired by turn µs "
+                     "(lowest–highest run) |")
         lines.append("|---|---|---|---|")
-        for m, r in il.items():
-            d = f"{r['d_vs_fwd']:+.0f}" if "d_vs_fwd" in r else "-"
-            lines.append(f"| {m} | {r['p50']:.0f} | {r['p99']:.0f} | {d} |")
+        for m in runs[0]:
+            rs = [r[m] for r in runs if m in r]
+            ds = [r["d_vs_fwd"] for r in rs if "d_vs_fwd" in r]
+            d = (f"{statistics.median(ds):+.0f} ({min(ds):+.0f} to {max(ds):+.0f})"
+                 if ds else "-")
+            lines.append(f"| {m} | {statistics.median(r['p50'] for r in rs):.0f} | "
+                         f"{statistics.median(r['p99'] for r in rs):.0f} | {d} |")
     if data.get("memory"):
         lines.append("")
         lines.append(f"| mode | RSS at start MiB | KiB per idle connection ({args['idle']}) | "
@@ -778,8 +792,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--warmup", type=int, default=100, help="latency loop warm-up")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=ALL_MODES)
-    ap.add_argument("--interleaved", type=int, default=3000,
-                    help="latency-loop round trips per mode, interleaved (0: none)")
+    ap.add_argument("--interleaved", type=int, default=2000,
+                    help="latency-loop round trips per mode and run, interleaved (0: none)")
+    ap.add_argument("--interleaved-runs", type=int, default=5,
+                    help="runs of the interleaved latency loop, each on fresh processes")
     ap.add_argument("--idle", type=int, default=500, help="idle connections for memory")
     ap.add_argument("--busy", type=int, default=50, help="busy connections for memory")
     ap.add_argument("--busy-seconds", type=float, default=3.0)
