@@ -497,13 +497,15 @@ class CaptureWriter(CaptureHooks):
         try:
             self._write_pending()
         finally:
-            if self._direct is not None:
-                self._direct.close()
-                self._direct = None
-        if self._fh is not self._raw:
-            self._fh.close()
-        self._drop.close()
-        self._raw.close()
+            direct, self._direct = self._direct, None
+            try:
+                if direct is not None:
+                    direct.close()
+                if self._fh is not self._raw:
+                    self._fh.close()
+                self._drop.close()
+            finally:
+                self._raw.close()
 
     # -- buffering -------------------------------------------------------------
     def _append(self, obj: dict[str, Any], rotate: bool = True) -> None:
@@ -542,6 +544,7 @@ class CaptureWriter(CaptureHooks):
                 direct.write(part)
             if direct.refused:  # all of it went through the page cache: go on that way
                 self._direct = None
+                direct.close()
             elif time.monotonic() - self._pending_since >= self.flush_interval:
                 self.flush()
             return
@@ -577,6 +580,7 @@ class CaptureWriter(CaptureHooks):
             direct.flush()
             if direct.refused:
                 self._direct = None
+                direct.close()
             return
         if not self._pending:
             return
@@ -603,15 +607,27 @@ class CaptureWriter(CaptureHooks):
             return
         self._write_pending()
 
+    def flush_due(self) -> float | None:
+        """Seconds until the lines buffered so far are due in the file (0 when they
+        are), ``None`` when none are buffered: how long a caller without an event
+        loop may wait before calling :meth:`flush`."""
+        waiting = (self._direct is not None and not self._direct.flushed) or self._pending
+        if self._closed or not waiting:
+            return None
+        return max(0.0, self._pending_since + self.flush_interval - time.monotonic())
+
     def close(self) -> None:
-        """Flush and close the file (idempotent)."""
+        """Flush and close the file (idempotent; after a write error too, which it
+        raises)."""
         if self._closed:
             return
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        self._close_part()
-        self._closed = True
+        try:
+            self._close_part()
+        finally:
+            self._closed = True
 
     def __enter__(self) -> "CaptureWriter":
         return self

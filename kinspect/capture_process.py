@@ -567,7 +567,8 @@ def _copy_input(writer: Any, ring: _Ring | None = None) -> int:
     pos = 0
     interval = writer.flush_interval
     while True:
-        if not select.select([fd], [], [], interval)[0]:
+        due = writer.flush_due()
+        if not select.select([fd], [], [], interval if due is None else due)[0]:
             writer.flush()  # quiet for a while: write the lines buffered so far
             continue
         chunk = os.read(fd, 4 << 20)

@@ -244,15 +244,24 @@ class DirectAppender:
 
     def close(self) -> None:
         """:meth:`flush`, then let go of the ``O_DIRECT`` descriptor and the buffer
-        (``fd`` stays open: it is the caller's)."""
+        (``fd`` stays open: it is the caller's). A second call does nothing.
+
+        Raises:
+            OSError: the flush failed (the descriptor and the buffer are let go
+                anyway).
+        """
+        if self.direct_fd < 0:
+            return
         try:
             self.flush()
         finally:
-            if self.direct_fd >= 0:
-                os.close(self.direct_fd)
-                self.direct_fd = -1
-            self.view.release()
-            self.buf.close()
+            os.close(self.direct_fd)
+            self.direct_fd = -1
+            try:
+                self.view.release()
+                self.buf.close()
+            except BufferError:  # a view of it lives on (in a traceback): freed with it
+                pass
 
     def _blocks(self) -> None:
         """Write the buffer's whole blocks with O_DIRECT; the rest moves to its start."""

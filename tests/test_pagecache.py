@@ -8,6 +8,7 @@ import ctypes
 import gzip
 import mmap
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -248,11 +249,13 @@ def test_o_direct_refused_at_the_first_write_goes_on_through_the_page_cache(
         os.close(fd)
     frames = [os.urandom(900 + i) for i in range(30)]
     w = CaptureWriter(d / "cap.jsonl", Codec(), secrets=True)
-    assert w._direct is not None
+    appender = w._direct
+    assert appender is not None
     for i, fr in enumerate(frames):
         w.write_frame(Flow(i + 1, 1, "c:1", "u:1", 18, 3, i, "ApiVersions", fr, i), "req",
                       fr, None, i)
     assert w._direct is None  # refused: the writer went on without it
+    assert appender.direct_fd == -1  # and let go of its descriptor
     w.close()
     import base64
     got = [r for r in read_capture(d / "cap.jsonl") if r.get("type") == "frame"]
@@ -279,3 +282,75 @@ def test_capture_through_o_direct_is_byte_for_byte_the_page_cache_one(tmp_path, 
         out[direct] = [p.read_bytes() for p in w.paths]
     assert len(out[True]) == len(out[False]) > (1 if max_bytes else 0)
     assert out[True] == out[False]
+
+
+def test_a_write_error_is_raised_once_and_lets_go_of_the_file(tmp_path):
+    """A real write error (the file-size limit, RLIMIT_FSIZE: EFBIG, in a child
+    process) comes out of the capture writer as that OSError, the file keeps a
+    prefix of the lines, no descriptor is left open, and closing again is a no-op;
+    both with O_DIRECT and through the page cache."""
+    d = _direct_dir(tmp_path)
+    script = r'''
+import os, resource, signal, sys
+from kinspect.capture import CaptureWriter
+from kinspect.codec import Codec
+from kinspect.flows import Flow
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+path, direct = sys.argv[1], sys.argv[2] == "1"
+codec = Codec()
+fds = set(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+w = CaptureWriter(path, codec, secrets=True, direct=direct, flush_lines=1)
+assert (w._direct is not None) == direct
+errors = []
+try:
+    for i in range(40):
+        fr = os.urandom(100_000)
+        w.write_frame(Flow(i + 1, 1, "c:1", "u:1", 18, 3, i, "ApiVersions", fr, i), "req",
+                      fr, None, i)
+except OSError as e:
+    errors.append(e)
+try:
+    w.close()  # what is still buffered cannot be written either
+except OSError as e:
+    errors.append(e)
+assert errors and all(type(e) is OSError and e.errno == 27 for e in errors), errors  # EFBIG
+w.close()  # again: nothing
+left = set(os.listdir("/proc/self/fd")) - fds
+assert not left, left
+print("ok", os.path.getsize(path))
+'''
+    for direct in ("1", "0"):
+        path = d / f"efbig-{direct}.jsonl"
+        res = subprocess.run([sys.executable, "-c", script, str(path), direct],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0 and res.stdout.startswith("ok"), res.stderr[-2000:]
+        data = path.read_bytes()
+        assert 0 < len(data) <= 1 << 20
+        lines = data.split(b"\n")
+        assert all(line.startswith(b"{") and line.endswith(b"}") for line in lines[:-1])
+        path.unlink()
+
+
+def test_flush_due_says_when_buffered_lines_must_reach_the_file(tmp_path):
+    """What a writer without an event loop (the capture child) waits on: ``None``
+    with nothing buffered, else the seconds left of ``flush_interval`` (0 when
+    due); both with O_DIRECT and through the page cache."""
+    for direct in (True, False):
+        w = CaptureWriter(tmp_path / f"due-{direct}.jsonl", Codec(), secrets=True,
+                          flush_interval=30, direct=direct)
+        w.flush()
+        assert w.flush_due() is None
+        fr = b"x" * 100
+        w.write_frame(Flow(1, 1, "c:1", "u:1", 18, 3, 1, "ApiVersions", fr, 1), "req", fr,
+                      None, 1)
+        assert 25 < w.flush_due() <= 30
+        w.flush()
+        assert w.flush_due() is None
+        w.flush_interval = 0.0
+        w._pending_since = 0.0  # (as if long ago)
+        w.write_frame(Flow(2, 1, "c:1", "u:1", 18, 3, 2, "ApiVersions", fr, 2), "req", fr,
+                      None, 2)  # due at once: written by the call itself
+        assert w.flush_due() is None
+        w.close()
+        assert w.flush_due() is None
