@@ -1535,7 +1535,7 @@ async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
             deferred = [] if len(long_reads) + len(long_answers) > seen else deferred
             deferred += [corr, corr]
         assert len(deferred) >= 4, "answers came in pieces again and again"
-        assert [struct.unpack_from(">i", ev[0], 8 if len(ev) == 2 else 4)[0]
+        assert [struct.unpack_from(">i", ev[0], 8 if len(ev) == 3 else 4)[0]
                 for ev in conn.unsettled] == deferred
         assert not conn.tracker.inflight
         assert proxy.unsettled_frames == len(deferred) and proxy.unsettled == [conn]
@@ -1548,7 +1548,7 @@ async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
             consumed = conn.req_cut.consumed
             raw.send(req)
             await wait_for(lambda: conn.req_cut.consumed > consumed, what="a request read")
-        assert conn.apis == {10: None, 11: None, 12: (3, 12)}
+        assert conn.apis == {10: None, 12: (3, 12)}  # (11: acks=0, nothing expected)
         for corr in (10, 11, 12):
             assert corr_of(await raw.read()) == corr
         assert not conn.apis
@@ -1676,6 +1676,50 @@ async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tans
         assert not flows[1].flags and flows[1].error is None and not flows[1].notes
         assert proxy.stats.undecoded == 0
         raw.close()
+    finally:
+        await proxy.close()
+
+
+async def test_connections_open_and_close_in_order_with_the_frames(tansu):
+    """A connection's open and close reach the pipeline (and a capture's ``conn``
+    lines) in their place among the frames of other connections paired later."""
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    events: list[tuple[str, int, int]] = []  # (event, conn, when)
+
+    class Order:
+        def on_connect(self, conn):
+            events.append(("open", conn.id, conn.opened))
+
+        def on_request(self, flow):
+            events.append(("req", flow.conn, flow.request_ns))
+
+        def on_disconnect(self, conn):
+            events.append(("close", conn.id, conn.closed_ns))
+
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    pipeline = Pipeline(codec(), [Order()], delay=3600)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+    await proxy.start()
+    try:
+        a = await Raw.open(*proxy.address)
+        await roundtrip(a, api_versions(1))
+        await proxy.pipeline.drained()
+        await roundtrip(a, api_versions(2))  # waits to be paired
+        b = await Raw.open(*proxy.address)
+        await roundtrip(b, api_versions(1))
+        await roundtrip(a, api_versions(3))
+        b.close()
+        await wait_for(lambda: len(proxy.connections) == 1, what="b's close")
+        await roundtrip(a, api_versions(4))
+        await proxy.pipeline.drained()
+        kinds = [(e, c) for e, c, _ in events]
+        assert kinds == [("open", 1), ("req", 1), ("req", 1), ("open", 2), ("req", 2),
+                         ("req", 1), ("close", 2), ("req", 1)]
+        whens = [w for _, _, w in events]
+        assert whens == sorted(whens)
+        a.close()
     finally:
         await proxy.close()
 

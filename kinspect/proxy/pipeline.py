@@ -1,7 +1,10 @@
 """After forwarding: decode flows, feed captures and the live view.
 
 The proxy hands every request and every completed flow to a :class:`Pipeline`
-right after forwarding the bytes. The pipeline works through them in batches, on
+after forwarding the bytes: at once on its long path, and at the start of the next
+batch for frames of its short path (``Proxy.settle``: pairing a request and its
+response waits until then, off the forwarding path). The pipeline works through
+them in batches, on
 the event loop, in slices of bounded time (0.5 ms by default): a batch starts
 ``delay`` (20 ms) after its first event, or as soon as the proxy has just forwarded
 requests (:meth:`Pipeline.kick`) while a full batch waits; a frame that arrives

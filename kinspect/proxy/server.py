@@ -13,8 +13,9 @@ Reads: the event loop hands each side's reads over as ``bytes``
 (``data_received``); a read that is exactly one whole frame, with nothing under way
 and nothing to hold it for, is forwarded there and then, in a few Python calls
 (what a request's latency through the proxy is made of), and pairing it waits
-(:meth:`Connection.settle`): until the pipeline's next batch, or until anything
-else happens on that connection, whichever comes first. A large frame gets a
+(:meth:`Connection.settle`): until the pipeline's next batch, or until a frame takes
+the long path or a connection opens or closes, whichever comes first (frames of all
+connections are then paired in arrival order). A large frame gets a
 buffer of its own once a sixteenth of it has arrived, and the side's transport then
 reads the rest straight into it (``BufferedProtocol``, :class:`CutThrough`) until
 the frame is whole.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import itertools
 import logging
 import socket
 import struct
@@ -501,6 +503,8 @@ class Proxy:
         self.unsettled: list[Connection] = []
         self.unsettled_frames = 0
         self.unsettled_bytes = 0
+        #: numbers the short path's frames in arrival order, across connections
+        self.arrivals = itertools.count()
         #: Optional frame mutators (the tagged-field workbench): callables
         #: ``(flow, frame) -> bytes | None`` returning a replacement frame (without
         #: size prefix) or ``None`` to leave the frame alone. With no request
@@ -644,7 +648,7 @@ class Proxy:
         tags = self._trigger_cache.get(key, _UNSET)
         if tags is _UNSET:
             tags = self.rewriter.trigger_tags(api_key, api_version)
-            if len(self._trigger_cache) < _CACHE_MAX:
+            if len(self._trigger_cache) < _CACHE_MAX or self._known(api_key, api_version):
                 self._trigger_cache[key] = tags
         if tags is not None and not tags & self.codec.response_top_level_tags(
                 frame, api_key, api_version):
@@ -655,15 +659,20 @@ class Proxy:
         self.stats.rewritten += 1
         return self.codec.encode_response(resp), resp
 
+    def _known(self, api_key: int, api_version: int) -> bool:
+        """A response spec defines this api key and version."""
+        return self.codec.response_header_version(api_key, api_version) is not None
+
     def rewrite_needed(self, api_key: int, api_version: int) -> bool:
         """Whether responses of this api key and version may carry broker addresses
-        to rewrite (remembered for at most :data:`_CACHE_MAX` pairs: the pairs come
-        from request headers, which a client may fill with anything)."""
+        to rewrite (remembered for every pair a spec defines, and for at most
+        :data:`_CACHE_MAX` pairs in all: the pairs come from request headers, which
+        a client may fill with anything)."""
         key = (api_key, api_version)
         r = self._rw_cache.get(key)
         if r is None:
             r = bool(self.config.rewrite and self.rewriter.needs_rewrite(api_key, api_version))
-            if len(self._rw_cache) < _CACHE_MAX:
+            if len(self._rw_cache) < _CACHE_MAX or self._known(api_key, api_version):
                 self._rw_cache[key] = r
         return r
 
@@ -703,13 +712,11 @@ class Proxy:
             conns[0].settle()
             return
         streams = []
-        for c in conns:  # (a connection settled on its own since is listed, empty)
+        for c in conns:
             events = c._take_unsettled()
             if events:
-                streams.append([(ev[1], c, ev) for ev in events])
-        # each stream keeps its own order (merge compares heads only), whatever
-        # the clock did
-        for _ns, c, ev in heapq.merge(*streams, key=_first):
+                streams.append([(ev[2], c, ev) for ev in events])
+        for _seq, c, ev in heapq.merge(*streams, key=_first):  # by arrival
             c._settle_one(ev)
 
     def _unsettle(self, conn: "Connection") -> None:
@@ -761,7 +768,8 @@ class Connection:
         #: time.time_ns() when the connection was closed (``None`` while open)
         self.closed_ns: int | None = None
         #: frames forwarded on the short path, not paired yet, in order: requests
-        #: ``(data, ns)``, responses ``(data, ns, rewrite outcome)`` (see settle)
+        #: ``(data, ns, arrival)``, responses ``(data, ns, arrival, rewrite
+        #: outcome)``, ``arrival`` from Proxy.arrivals (see settle)
         self.unsettled: list[tuple] = []
         #: correlation id -> the unsettled requests' (api key, api version) when
         #: their responses are to be checked for broker addresses (see
@@ -802,12 +810,12 @@ class Connection:
     def _settle_one(self, ev: tuple) -> None:
         data = ev[0]
         try:
-            if len(ev) == 2:  # a request: (data, ns)
+            if len(ev) == 3:  # a request: (data, ns, seq)
                 self._request(data[4:], ev[1])
                 return
-            flow = self.tracker.response(data[4:], ev[1])  # (data, ns, rewrite outcome)
-            if ev[2] is not None and UNPAIRED not in flow.flags:
-                _apply_outcome(flow, ev[2])
+            flow = self.tracker.response(data[4:], ev[1])  # (..., rewrite outcome)
+            if ev[3] is not None and UNPAIRED not in flow.flags:
+                _apply_outcome(flow, ev[3])
             self.proxy.pipeline.complete(flow)
         except Exception:  # noqa: BLE001 - a bug must not cost the other frames' flows
             log.exception("conn %d: cannot pair a frame (it was forwarded)", self.id)
@@ -1179,6 +1187,8 @@ class _ClientSide(asyncio.Protocol):
         proxy.connections.add(conn)
         proxy.stats.connections_total += 1
         proxy.stats.connections_open += 1
+        if proxy.unsettled:
+            proxy.settle()  # the frames that came before, first
         proxy.pipeline.connected(conn)
         asyncio.get_running_loop().create_task(self._connect_upstream(conn))
 
@@ -1225,17 +1235,21 @@ class _ClientSide(asyncio.Protocol):
                     unsettled = conn.unsettled
                     if not unsettled:
                         proxy._unsettle(conn)
-                    unsettled.append((data, time.time_ns()))
+                    unsettled.append((data, time.time_ns(), next(proxy.arrivals)))
                     proxy.unsettled_frames += 1
                     proxy.unsettled_bytes += n
                     need = proxy._rw_cache.get((api_key, api_version))
                     if need is None:
                         need = proxy.rewrite_needed(api_key, api_version)
-                    # whether its response will be checked for broker addresses (an
-                    # acks=0 Produce's not: the tracker would not pair one)
-                    conn.apis[corr] = (api_key, api_version) if need and (
-                        api_key != PRODUCE or
-                        conn.tracker.produce_acks(data[4:], api_version) != 0) else None
+                    # whether its response will be checked for broker addresses; an
+                    # acks=0 Produce expects none, and the tracker neither pairs an
+                    # answer with it nor lets it hide an earlier request of its id
+                    apis = conn.apis
+                    if api_key != PRODUCE:
+                        apis[corr] = (api_key, api_version) if need else None
+                    elif ((need or corr in apis or corr in conn.tracker.pending) and
+                          conn.tracker.produce_acks(data[4:], api_version) != 0):
+                        apis[corr] = (api_key, api_version) if need else None
                 proxy.pipeline.kick()  # as client_data does
                 return
         conn.client_data(data)
@@ -1350,7 +1364,7 @@ class _UpstreamSide(asyncio.Protocol):
                 unsettled = conn.unsettled
                 if not unsettled:
                     proxy._unsettle(conn)
-                unsettled.append((data, time.time_ns(), outcome))
+                unsettled.append((data, time.time_ns(), next(proxy.arrivals), outcome))
                 proxy.unsettled_frames += 1
                 proxy.unsettled_bytes += n
                 if proxy.unsettled_bytes >= BATCH_KICK:  # large answers waiting
