@@ -1479,6 +1479,28 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     assert seen["consumed"] == (read_from_client, read_from_broker)
 
 
+@contextlib.asynccontextmanager
+async def batchless_proxy(tansu, addons=()):
+    """A proxy whose pipeline runs no batch unless asked for (``delay`` an hour), so
+    that frames of the short path wait to be paired (``Connection.settle``) until a
+    long path, a connection's open or close, or ``drained()``; with a
+    :class:`Recorder` as its first addon."""
+    from proxyutil import Recorder
+
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    rec = Recorder()
+    pipeline = Pipeline(codec(), [rec, *addons], delay=3600)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+    await proxy.start()
+    try:
+        yield proxy, rec
+    finally:
+        await proxy.close()
+
+
 async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
         tansu, unique, monkeypatch):
     """Frames forwarded on the short path are paired later (``Connection.settle``):
@@ -1489,12 +1511,8 @@ async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
     expected); after a SaslHandshake v0 (raw SASL tokens may follow, which only the
     tracker tells apart) the connection takes the long path only. No flow is lost
     or paired wrongly."""
-    from proxyutil import Recorder
-
     from kinspect.flows import NO_RESPONSE, UNPAIRED
     from kinspect.proxy import server
-    from kinspect.proxy.pipeline import Pipeline
-    from kinspect.proxy.server import Proxy, ProxyConfig
 
     long_reads: list[int] = []
     long_answers: list[int] = []
@@ -1513,13 +1531,7 @@ async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
     topic, empty = unique("settle"), unique("settle-empty")
     create_topic(tansu.bootstrap, topic)
     create_topic(tansu.bootstrap, empty)
-    host, port = tansu.bootstrap.rsplit(":", 1)
-    pipeline = Pipeline(codec(), delay=3600)  # no batch unless asked for
-    rec = Recorder()
-    pipeline.add(rec)
-    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
-    await proxy.start()
-    try:
+    async with batchless_proxy(tansu) as (proxy, rec):
         raw = await Raw.open(*proxy.address)
         await roundtrip(raw, api_versions(1))  # may wait for the broker connection
         await proxy.pipeline.drained()
@@ -1594,26 +1606,14 @@ async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
             assert f.flags == ({"rewritten"} if f.api_key == 3 else set()), f
         assert flows[-5].notes == [] and flows[-5].response_decoded is not None  # checked
         raw.close()
-    finally:
-        await proxy.close()
 
 
 async def test_frames_reach_the_pipeline_in_arrival_order_across_connections(tansu):
     """Pairing later does not reorder: the pipeline (and so a capture) gets every
     connection's frames in the order they arrived at the proxy, whether they were
     paired at a batch or before another connection's long path."""
-    from proxyutil import Recorder
 
-    from kinspect.proxy.pipeline import Pipeline
-    from kinspect.proxy.server import Proxy, ProxyConfig
-
-    host, port = tansu.bootstrap.rsplit(":", 1)
-    pipeline = Pipeline(codec(), delay=3600)
-    rec = Recorder()
-    pipeline.add(rec)
-    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
-    await proxy.start()
-    try:
+    async with batchless_proxy(tansu) as (proxy, rec):
         a, b = [await Raw.open(*proxy.address) for _ in range(2)]
         for raw in (a, b):
             await roundtrip(raw, api_versions(1))
@@ -1640,26 +1640,14 @@ async def test_frames_reach_the_pipeline_in_arrival_order_across_connections(tan
         assert ns == sorted(ns)
         a.close()
         b.close()
-    finally:
-        await proxy.close()
 
 
 async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tansu):
     """A client may reuse a correlation id: an ApiVersions request reusing the id of
     a Metadata request (paired by the tracker, its answer waiting to be) gets its
     answer forwarded unchanged and unflagged, not checked as a Metadata answer."""
-    from proxyutil import Recorder
 
-    from kinspect.proxy.pipeline import Pipeline
-    from kinspect.proxy.server import Proxy, ProxyConfig
-
-    host, port = tansu.bootstrap.rsplit(":", 1)
-    pipeline = Pipeline(codec(), delay=3600)
-    rec = Recorder()
-    pipeline.add(rec)
-    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
-    await proxy.start()
-    try:
+    async with batchless_proxy(tansu) as (proxy, rec):
         raw = await Raw.open(*proxy.address)
         await roundtrip(raw, api_versions(1))
         whole = frame(metadata(5))  # in two reads: the long path, paired at once
@@ -1676,16 +1664,11 @@ async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tans
         assert not flows[1].flags and flows[1].error is None and not flows[1].notes
         assert proxy.stats.undecoded == 0
         raw.close()
-    finally:
-        await proxy.close()
 
 
 async def test_connections_open_and_close_in_order_with_the_frames(tansu):
     """A connection's open and close reach the pipeline (and a capture's ``conn``
     lines) in their place among the frames of other connections paired later."""
-    from kinspect.proxy.pipeline import Pipeline
-    from kinspect.proxy.server import Proxy, ProxyConfig
-
     events: list[tuple[str, int, int]] = []  # (event, conn, when)
 
     class Order:
@@ -1698,11 +1681,7 @@ async def test_connections_open_and_close_in_order_with_the_frames(tansu):
         def on_disconnect(self, conn):
             events.append(("close", conn.id, conn.closed_ns))
 
-    host, port = tansu.bootstrap.rsplit(":", 1)
-    pipeline = Pipeline(codec(), [Order()], delay=3600)
-    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
-    await proxy.start()
-    try:
+    async with batchless_proxy(tansu, [Order()]) as (proxy, _rec):
         a = await Raw.open(*proxy.address)
         await roundtrip(a, api_versions(1))
         await proxy.pipeline.drained()
@@ -1720,31 +1699,18 @@ async def test_connections_open_and_close_in_order_with_the_frames(tansu):
         whens = [w for _, _, w in events]
         assert whens == sorted(whens)
         a.close()
-    finally:
-        await proxy.close()
 
 
 async def test_a_connection_closing_pairs_its_short_path_frames_first(tansu, unique):
     """A request forwarded on the short path and still unanswered when its client
     leaves becomes a flow flagged ``closed`` (and the ones answered before it, paired
-    flows), like any request in flight at close; so does one still unanswered when
-    the proxy shuts down, after waiting for its answer."""
-    from proxyutil import Recorder
-
+    flows), like any request in flight at close. One still unanswered when the proxy
+    shuts down gets its answer first: the shutdown waits for it, as for any other."""
     from kinspect.flows import CLOSED
-    from kinspect.proxy.pipeline import Pipeline
-    from kinspect.proxy.server import Proxy, ProxyConfig
 
     empty = unique("settle-close")
     create_topic(tansu.bootstrap, empty)
-    host, port = tansu.bootstrap.rsplit(":", 1)
-    pipeline = Pipeline(codec(), delay=3600)  # nothing but the close pairs them
-    rec = Recorder()
-    pipeline.add(rec)
-    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
-    await proxy.start()
-    closed = False
-    try:
+    async with batchless_proxy(tansu) as (proxy, rec):
         raws = [await Raw.open(*proxy.address) for _ in range(2)]
         for raw in raws:
             await roundtrip(raw, api_versions(1))
@@ -1766,7 +1732,6 @@ async def test_a_connection_closing_pairs_its_short_path_frames_first(tansu, uni
                        key=lambda f: f.correlation_id)
         assert [f.correlation_id for f in flows] == [1, 2]  # (no batch since)
         await proxy.close()  # the other Fetch: answered before the connection ends
-        closed = True
         by_conn = {c.id: sorted((f for f in rec.flows if f.conn == c.id),
                                 key=lambda f: f.correlation_id) for c in conns}
         first, second = by_conn[conns[0].id], by_conn[conns[1].id]
@@ -1775,9 +1740,6 @@ async def test_a_connection_closing_pairs_its_short_path_frames_first(tansu, uni
         assert first[2].response is None and CLOSED in first[2].flags
         assert [corr_of(f.response) for f in second] == [1, 2, 3]
         assert not any(CLOSED in f.flags for f in second)
-    finally:
-        if not closed:
-            await proxy.close()
 
 
 async def test_request_headers_naming_any_api_version_do_not_grow_the_proxy(
