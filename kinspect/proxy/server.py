@@ -701,9 +701,9 @@ class Proxy:
     def settle(self) -> None:
         """Pair every frame forwarded on the short path so far and hand the flows to
         the pipeline (:meth:`Connection.settle`), all connections' frames in the
-        order they arrived: the pipeline, and so a capture, sees the frames in time
-        order, as if each had been paired as it was forwarded. Called before each
-        pipeline batch, and before a connection's long path or close."""
+        order they arrived: the pipeline, and so a capture, sees the frames in
+        arrival order, as if each had been paired as it was forwarded. Called before
+        each pipeline batch, and before any connection's long path, open or close."""
         conns = self.unsettled
         if not conns:
             return
@@ -780,16 +780,13 @@ class Connection:
         #: raw SASL tokens follow, which only the tracker tells apart)
         self.simple = True
 
-    @property
-    def pending(self) -> dict[int, Flow]:
-        return self.tracker.pending
-
     def settle(self) -> None:
         """Pair the frames forwarded on the short path (``data_received``), in their
         order, and hand the flows to the pipeline: what the long path does for each
         frame as it forwards it. :meth:`Proxy.settle` does this for every connection
-        (in time order across them) before each pipeline batch, and before anything
-        else is done with a connection's frames (its long path, its close). Pairing
+        (in arrival order across them) before each pipeline batch, and before any
+        other frame or event reaches the tracker or the pipeline (a long path, a
+        connection's open or close). Pairing
         right after the write costs a round trip's latency on two cores (the peer
         woken by the write waits for the core); done here, it costs the same time
         off the forwarding path."""
@@ -810,7 +807,7 @@ class Connection:
     def _settle_one(self, ev: tuple) -> None:
         data = ev[0]
         try:
-            if len(ev) == 3:  # a request: (data, ns, seq)
+            if len(ev) == 3:  # a request: (data, ns, arrival)
                 self._request(data[4:], ev[1])
                 return
             flow = self.tracker.response(data[4:], ev[1])  # (..., rewrite outcome)
