@@ -156,7 +156,9 @@ class DirectAppender:
     ``EOPNOTSUPP``: alignment or the flag not supported), everything buffered is
     written through ``fd``, the file position of ``fd`` is left at the end, and
     :attr:`refused` is set: the caller writes on by itself from there. :meth:`open`
-    returns ``None`` where it is refused at open (tmpfs, for instance).
+    returns ``None`` where it is refused at open (tmpfs on older kernels, for
+    instance; newer ones take it there, which costs nothing: tmpfs pages are the
+    file).
 
     Raises:
         OSError: any other write error (a full disk, ``EIO``), as ``write`` would.
