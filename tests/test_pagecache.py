@@ -5,6 +5,7 @@ off quietly."""
 from __future__ import annotations
 
 import ctypes
+import errno
 import gzip
 import mmap
 import os
@@ -142,21 +143,41 @@ def test_capture_lines_are_intact_across_many_drop_steps(tmp_path, monkeypatch, 
 # ---------------------------------------------------------------------------
 
 def _direct_dir(tmp_path: Path) -> Path:
-    """A disk-backed directory whose file system takes O_DIRECT writes and refuses
-    misaligned ones (ext4, XFS: what the refusal test needs)."""
-    d = _disk_dir(tmp_path)
-    probe = d / "o_direct.probe"
-    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT)
-    try:
-        buf = mmap.mmap(-1, pagecache.BLOCK)
+    """A disk-backed directory whose file system takes O_DIRECT writes of whole
+    blocks and refuses misaligned ones with EINVAL (ext4, XFS: what the refusal
+    test needs)."""
+    seen = []
+    for d in (tmp_path, ROOT / "build"):
+        d.mkdir(exist_ok=True)
+        kind = _fs_type(d.resolve())
+        if kind in ("tmpfs", "ramfs", ""):
+            seen.append(f"{d}: {kind or 'unknown'}")
+            continue
+        probe = d / "o_direct.probe"
+        buf = mmap.mmap(-1, 4096)
         try:
-            assert os.pwrite(fd, buf, 0) == pagecache.BLOCK
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_DIRECT)
+            try:
+                whole = os.pwrite(fd, buf, 0) == 4096
+                try:
+                    os.pwrite(fd, memoryview(buf)[:1000], 4096)
+                    refuses = False
+                except OSError as e:
+                    refuses = e.errno == errno.EINVAL
+            finally:
+                os.close(fd)
+        except OSError as e:
+            seen.append(f"{d}: {kind}, O_DIRECT refused ({e})")
+            continue
         finally:
             buf.close()
-    finally:
-        os.close(fd)
-        probe.unlink()
-    return d
+            probe.unlink(missing_ok=True)
+        if whole and refuses:
+            return d
+        seen.append(f"{d}: {kind}, whole blocks written: {whole}, misaligned refused: "
+                    f"{refuses}")
+    raise AssertionError("no directory on a file system that takes O_DIRECT as ext4 and "
+                         "XFS do: " + "; ".join(seen))
 
 
 def _flags(fd: int) -> int:
