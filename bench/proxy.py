@@ -38,10 +38,10 @@ Then the latency loop interleaved message by message, ``--interleaved-runs`` tim
 every mode set up at once (each with its own fresh broker), one producer per mode,
 and ``--interleaved`` turns, each one produce-and-flush through every mode, so that
 every mode's round trips meet the same machine state; the difference to the
-forwarder is taken turn by turn. Each run starts every process afresh: where the
-scheduler happens to place a run's processes moves a mode's difference by tens of
-microseconds from run to run, which no interleaving within a run cancels, so the
-report gives the median over runs and their range.
+forwarder is taken turn by turn. Each run starts every process afresh: runs of the
+same code differ by tens of microseconds (most likely where the scheduler places a
+run's processes), which no interleaving within a run cancels, so the report gives
+the median over runs and their range.
 
 Then, once per proxy mode, memory: RSS of the proxy process before and after
 opening ``--idle`` idle connections (each sends one ApiVersions request and
