@@ -143,9 +143,7 @@ class Pipeline:
     # -- events from the proxy (hot path: append and schedule only) -------------
     def _push(self, item: tuple) -> None:
         self._q.append(item)
-        if self._cb_pending or self._draining or self._timer is not None:
-            return  # the work under way, already scheduled, or the armed timer takes it
-        self._arm()
+        self.expect()
 
     def _arm(self) -> None:
         """Make sure the queued events will be worked on (see ``delay``)."""
@@ -175,8 +173,10 @@ class Pipeline:
             self._drain()
 
     def expect(self) -> None:
-        """Frames forwarded on the proxy's short path wait to be paired
-        (``Proxy.settle``, at the start of each batch): make sure a batch comes."""
+        """Make sure a batch comes for what waits: queued events, or frames of the
+        proxy's short path waiting to be paired (``Proxy.settle``, at the start of
+        each batch). Nothing to do while work is under way or scheduled, or the
+        ``delay`` timer is armed."""
         if not (self._cb_pending or self._draining or self._timer is not None):
             self._arm()
 

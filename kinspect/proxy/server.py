@@ -820,26 +820,22 @@ class Connection:
     # -- client -> broker --------------------------------------------------------
     def client_read(self, n: int) -> None:
         """``n`` bytes were read from the client into ``req_cut.read_buffer()``."""
-        if self.closed or self.draining:
-            return  # read and dropped: the connection is ending
-        if self.proxy.unsettled:
-            self.proxy.settle()  # first what came before, on every connection
-        self.proxy.stats.bytes_from_clients += n
-        try:
-            events, error = self.req_cut.read_done(n), None
-        except FrameSizeError as e:  # forward what came before the bad size prefix
-            events, error = e.events, e
-        self._requests(events, error)
+        self._from_client(n, self.req_cut.read_done, n)
 
     def client_data(self, data: bytes) -> None:
         """``data`` was read from the client by the event loop."""
+        self._from_client(len(data), self.req_cut.take, data, self._hold_request)
+
+    def _from_client(self, n: int, framing: Callable[..., list], *args: Any) -> None:
+        """``n`` bytes read from the client: framed by ``framing(*args)`` (a
+        ``req_cut`` method), forwarded and noted."""
         if self.closed or self.draining:
             return  # read and dropped: the connection is ending
-        if self.proxy.unsettled:
-            self.proxy.settle()  # first what came before, on every connection
-        self.proxy.stats.bytes_from_clients += len(data)
+        proxy = self.proxy
+        proxy.settle()  # first what came before, on every connection
+        proxy.stats.bytes_from_clients += n
         try:
-            events, error = self.req_cut.take(data, self._hold_request), None
+            events, error = framing(*args), None
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         self._requests(events, error)
@@ -896,26 +892,22 @@ class Connection:
     # -- broker -> client --------------------------------------------------------
     def upstream_read(self, n: int) -> None:
         """``n`` bytes were read from the broker into ``resp_cut.read_buffer()``."""
-        if self.closed:
-            return
-        if self.proxy.unsettled:
-            self.proxy.settle()  # first what came before, on every connection
-        self.proxy.stats.bytes_from_brokers += n
-        try:
-            events, error = self.resp_cut.read_done(n), None
-        except FrameSizeError as e:  # forward what came before the bad size prefix
-            events, error = e.events, e
-        self._responses(events, error)
+        self._from_broker(n, self.resp_cut.read_done, n)
 
     def upstream_data(self, data: bytes) -> None:
         """``data`` was read from the broker by the event loop."""
+        self._from_broker(len(data), self.resp_cut.take, data, self._must_hold)
+
+    def _from_broker(self, n: int, framing: Callable[..., list], *args: Any) -> None:
+        """``n`` bytes read from the broker: framed by ``framing(*args)`` (a
+        ``resp_cut`` method), forwarded and paired."""
         if self.closed:
             return
-        if self.proxy.unsettled:
-            self.proxy.settle()  # first what came before, on every connection
-        self.proxy.stats.bytes_from_brokers += len(data)
+        proxy = self.proxy
+        proxy.settle()  # first what came before, on every connection
+        proxy.stats.bytes_from_brokers += n
         try:
-            events, error = self.resp_cut.take(data, self._must_hold), None
+            events, error = framing(*args), None
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         self._responses(events, error)
