@@ -256,6 +256,7 @@ def serve(args: argparse.Namespace) -> int:
                     overloads=getattr(s, "overloads", 0))
         if capture is not None:
             info["capture_frames"] = capture.frames
+            info["capture_ring_frames"] = capture.ring_frames
 
     if args.profile:  # diagnostics: cProfile of the proxy process
         import cProfile

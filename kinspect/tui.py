@@ -18,10 +18,12 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import Any, TextIO
+from typing import Any, Iterator, TextIO
 
-from rich.console import Console, Group
+from rich.console import Console, ConsoleOptions, Group
 from rich.live import Live
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 
 from .filters import Filter, TopicIds
@@ -233,12 +235,15 @@ class LiveView:
         t.append("   Ctrl-C quits", style="dim")
         return t
 
-    def table(self, rows: int) -> Text:
-        """The newest ``rows`` rows as fixed-width text, columns sized to their content.
+    def table(self, rows: int) -> "TableLines":
+        """The newest ``rows`` rows as fixed-width lines, columns sized to their content
+        (a :class:`TableLines`).
 
-        One :class:`~rich.text.Text` rather than a rich ``Table``: a Table of a few
-        dozen rows costs tens of milliseconds per redraw, on a thread that holds the
-        GIL the forwarding loop needs (measured in bench/proxy.py)."""
+        Lines of text rather than a rich ``Table`` or ``Text``: a redraw runs on
+        rich's refresh thread, holding the GIL the forwarding loop needs. rich lays
+        out a ``Table`` in tens of milliseconds for a few dozen rows, and splitting a
+        multi-line ``Text`` into styled lines took longer than the rest of a redraw;
+        these lines are cropped already (measured in BENCHMARKS.md, Proxy)."""
         self._render(rows)
         shown = list(self._rows)[-rows:] if rows > 0 else []
         heads = [h for _, h, _ in COLUMNS]
@@ -258,14 +263,43 @@ class LiveView:
                 out.append(v.rjust(w) if justify == "right" else v.ljust(w))
             return " ".join(out)
 
-        text = Text(line(heads), style="bold", no_wrap=True, overflow="crop")
-        for (_, style), c in zip(shown, cells):
-            text.append("\n" + line(c), style=style)
-        return text
+        return TableLines([(line(heads), "bold")] +
+                          [(line(c), style) for (_, style), c in zip(shown, cells)])
 
     def __rich__(self) -> Group:
         height = self.console.size.height
         return Group(self.header(), self.table(max(height - 4, 3)))
+
+
+class TableLines:
+    """Lines of text, each with an optional rich style name, rendered as they are:
+    one styled segment per line, cropped to the console's width (no wrapping).
+
+    Attributes:
+        lines: ``(text, style)`` pairs, top first.
+    """
+
+    def __init__(self, lines: list[tuple[str, str | None]]):
+        self.lines = lines
+
+    @property
+    def plain(self) -> str:
+        """The text of the lines, joined by newlines, without styles."""
+        return "\n".join(text for text, _ in self.lines)
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        width = options.max_width
+        get_style = console.get_style
+        styles: dict[str | None, Style | None] = {None: None}
+        newline = Segment.line()
+        for i, (text, name) in enumerate(self.lines):
+            if name not in styles:
+                styles[name] = get_style(name)
+            if i:
+                yield newline
+            if len(text) > width:  # (rich crops by cells as well, wide characters too)
+                text = text[:width]
+            yield Segment(text, styles[name])
 
 
 def _style(flow: Flow) -> str | None:

@@ -193,3 +193,32 @@ def test_a_flow_that_cannot_be_rendered_is_logged_and_the_view_goes_on(monkeypat
         view.table(10)
     assert "cannot render flow" in caplog.text
     assert [r["id"] for r, _ in view.rows] == [str(f.id) for f in flows if f is not flows[2]]
+
+
+def test_table_lines_are_cropped_to_the_console_and_styled_per_row():
+    """The table is drawn as one styled segment per line: no line is wider than the
+    console (however long a cell), the header is bold, and a row's style (yellow
+    for an undecoded flow) covers that row only."""
+    from rich.segment import Segment
+
+    flows = _flows(5, value_size=300)
+    flows[2].flags.add("undecoded")
+    console = Console(file=io.StringIO(), width=40, height=20, force_terminal=True,
+                      color_system="standard")
+    view = LiveView(object(), console=console, keep=50)
+    for f in flows:
+        view.on_flow(f)
+    table = view.table(10)
+    assert [text for text, _ in table.lines[1:]] == table.plain.splitlines()[1:]
+    lines = list(Segment.split_lines(console.render(table)))
+    assert len(lines) == 6  # the header and five rows
+    for line in lines:
+        assert Segment.get_line_length(line) <= 40
+    styles = [[s.style for s in line if s.text] for line in lines]
+    assert styles[0] and all(st is not None and st.bold for st in styles[0])
+    assert styles[3] and all(st is not None and st.color.name == "yellow" for st in styles[3])
+    assert all(st is None for i in (1, 2, 4, 5) for st in styles[i])
+    # narrower than its content: each line is cut at the console's width, not wrapped
+    wide = Console(file=io.StringIO(), width=12, height=20, force_terminal=True)
+    shown = list(Segment.split_lines(wide.render(table)))
+    assert len(shown) == 6 and all(Segment.get_line_length(x) == 12 for x in shown)
