@@ -540,8 +540,7 @@ class CaptureWriter(CaptureHooks):
             if direct.flushed:
                 self._pending_since = time.monotonic()
                 self._arm_timer()
-            for part in parts:
-                direct.write(part)
+            direct.write_parts(parts)
             if direct.refused:  # all of it went through the page cache: go on that way
                 self._direct = None
                 direct.close()

@@ -214,7 +214,10 @@ class CaptureProcess(CaptureHooks):
         n = 0
         for piece in payload:
             n += len(piece)
-        if n and self._ring is not None and n <= self._ring_room():
+        # (the room last seen only grows as the child takes bytes: read its count
+        # afresh only when that room is too small)
+        if n and self._ring is not None and (
+                n <= self.ring_bytes - (self._put - self._taken) or n <= self._ring_room()):
             self._ring_write(payload)
             self.ring_frames += 1
             self._out += (_HDR.pack(len(h), 0, n), h)

@@ -232,6 +232,24 @@ class DirectAppender:
                     self._plain(data[pos:])
                     return
 
+    def write_parts(self, parts: list) -> None:
+        """Append each of ``parts`` (bytes-like objects), in order: :meth:`write` of
+        each, in one call where they fit in the buffer as it is (a capture line is
+        several pieces, most of them small)."""
+        fill = self.fill
+        if fill + sum(map(len, parts)) >= CHUNK or self.refused:
+            for part in parts:
+                self.write(part)
+            return
+        view = self.view
+        for part in parts:
+            n = fill + len(part)
+            view[fill:n] = part
+            fill = n
+        if fill != self.fill:
+            self.fill = fill
+            self.flushed = False
+
     def flush(self) -> None:
         """Make the file hold everything given so far (the part of a block through
         ``fd``)."""

@@ -188,8 +188,9 @@ def _flags(fd: int) -> int:
 
 @pytest.mark.skipif(not hasattr(os, "O_DIRECT"), reason="no O_DIRECT on this system")
 def test_direct_appender_writes_whole_blocks_then_the_rest_at_flush(tmp_path, monkeypatch):
-    """Pieces of every size (some larger than the buffer) reach the file: whole blocks
-    as the buffer fills, the rest at each flush; the file always holds a prefix of
+    """Pieces of every size (some larger than the buffer), alone or several at once
+    (write_parts), reach the file: whole blocks as the buffer fills, the rest at each
+    flush; the file always holds a prefix of
     what was given, and after each flush all of it."""
     import random
 
@@ -202,8 +203,14 @@ def test_direct_appender_writes_whole_blocks_then_the_rest_at_flush(tmp_path, mo
         a = pagecache.DirectAppender.open(path, fd)
         assert a is not None and _flags(a.direct_fd) & os.O_DIRECT
         for i in range(300):
-            piece = os.urandom(rnd.choice([0, 1, 17, 4095, 4096, 5000, 40_000, 100_000]))
-            a.write(piece if i % 2 else memoryview(piece))
+            if i % 3 == 2:  # several pieces in one call, as a capture line goes in
+                parts = [os.urandom(rnd.choice([0, 1, 17, 300, 4095, 5000, 40_000]))
+                         for _ in range(rnd.randint(1, 5))]
+                a.write_parts([p if j % 2 else memoryview(p) for j, p in enumerate(parts)])
+                piece = b"".join(parts)
+            else:
+                piece = os.urandom(rnd.choice([0, 1, 17, 4095, 4096, 5000, 40_000, 100_000]))
+                a.write(piece if i % 2 else memoryview(piece))
             given += piece
             on_disk = path.read_bytes()
             assert given.startswith(on_disk)
