@@ -233,9 +233,9 @@ class DirectAppender:
                     return
 
     def write_parts(self, parts: list) -> None:
-        """Append each of ``parts`` (bytes-like objects), in order: :meth:`write` of
-        each, in one call where they fit in the buffer as it is (a capture line is
-        several pieces, most of them small)."""
+        """Append each of ``parts`` (a list of bytes-like objects; it is read twice),
+        in order: :meth:`write` of each, in one call where they fit in the buffer as
+        it is (a capture line is several pieces, most of them small)."""
         fill = self.fill
         if fill + sum(map(len, parts)) >= CHUNK or self.refused:
             for part in parts:

@@ -62,6 +62,23 @@ _WRAPPING = {"client_id": 10, "error": 12, "flags": 8, "records": 16}
 SUMMARY_MAX_DECOMPRESSED = 16 * 1024 * 1024
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (``str.isprintable``:
+    control characters such as ESC, BEL, CR and tab, line and paragraph separators,
+    bidirectional overrides) written as a ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``
+    escape. Client ids and topic names come from the wire and are shown in terminals
+    and logs, where they must not move the cursor or start an escape sequence."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _escape(ord(c)) for c in text)
+
+
+def _escape(code: int) -> str:
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
+
+
 def error_name(code: int | None) -> str:
     """``"TOPIC_ALREADY_EXISTS"`` for 36 (kafka-python's error table), ``""`` for
     ``None``, ``"ERROR_<n>"`` for codes it does not know."""
@@ -315,7 +332,7 @@ def flow_row(flow: Any, topic_ids: TopicIds | None = None, *,
         "id": str(s["id"]),
         "time": format_time(s["time_ns"]),
         "conn": str(s["conn"]),
-        "client_id": s["client_id"] or "",
+        "client_id": printable(s["client_id"] or ""),
         "api": api,
         "corr": "" if s["correlation_id"] < 0 else str(s["correlation_id"]),
         "req_bytes": "" if s["req_bytes"] is None else str(s["req_bytes"]),
@@ -323,7 +340,7 @@ def flow_row(flow: Any, topic_ids: TopicIds | None = None, *,
         "latency": format_latency(s["latency_ns"]),
         "error": "" if not err else f"{err} {error_name(err)}",
         "flags": " ".join(s["flags"]),
-        "records": _records_text(s["records"]),
+        "records": printable(_records_text(s["records"])),
     }
 
 

@@ -273,7 +273,9 @@ class LiveView:
 
 class TableLines:
     """Lines of text, each with an optional rich style name, rendered as they are:
-    one styled segment per line, cropped to the console's width (no wrapping).
+    one styled segment per line, cropped to the console's width (no wrapping), each
+    line ended by a newline. The text must be printable already (the rows' cells
+    are :func:`kinspect.show.printable`): it reaches the terminal as it is.
 
     Attributes:
         lines: ``(text, style)`` pairs, top first.
@@ -292,14 +294,13 @@ class TableLines:
         get_style = console.get_style
         styles: dict[str | None, Style | None] = {None: None}
         newline = Segment.line()
-        for i, (text, name) in enumerate(self.lines):
+        for text, name in self.lines:
             if name not in styles:
                 styles[name] = get_style(name)
-            if i:
-                yield newline
             if len(text) > width:  # (rich crops by cells as well, wide characters too)
                 text = text[:width]
             yield Segment(text, styles[name])
+            yield newline
 
 
 def _style(flow: Flow) -> str | None:

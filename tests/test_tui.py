@@ -209,8 +209,11 @@ def test_table_lines_are_cropped_to_the_console_and_styled_per_row():
     for f in flows:
         view.on_flow(f)
     table = view.table(10)
-    assert [text for text, _ in table.lines[1:]] == table.plain.splitlines()[1:]
-    lines = list(Segment.split_lines(console.render(table)))
+    for (text, _), f in zip(table.lines[1:], flows, strict=True):
+        assert text.split()[0] == str(f.id)
+    segments = list(console.render(table))
+    assert segments[-1] == Segment.line()  # ends its last line, as a Text would
+    lines = list(Segment.split_lines(segments))
     assert len(lines) == 6  # the header and five rows
     for line in lines:
         assert Segment.get_line_length(line) <= 40
@@ -222,3 +225,48 @@ def test_table_lines_are_cropped_to_the_console_and_styled_per_row():
     wide = Console(file=io.StringIO(), width=12, height=20, force_terminal=True)
     shown = list(Segment.split_lines(wide.render(table)))
     assert len(shown) == 6 and all(Segment.get_line_length(x) == 12 for x in shown)
+
+
+def test_names_from_the_wire_reach_the_screen_escaped():
+    """A client id or topic name with control characters (ESC, BEL, tab, CR...) or
+    a bidirectional override is shown with escapes, in the live view, the line
+    printer and `kinspect show`'s rows alike: nothing from the wire moves the
+    cursor or starts an escape sequence."""
+    from kinspect.show import flow_row
+
+    flows = _flows(2)
+    bad = "c\x1b[2J\x07\t\r\u202eid"
+    flows[1].client_id = bad
+    row = flow_row(flows[1])
+    assert row["client_id"] == "c\\x1b[2J\\x07\\x09\\x0d\\u202eid"
+    assert flow_row(flows[0])["client_id"] == flows[0].client_id  # printable: as it is
+    console = Console(file=io.StringIO(), width=200, height=20, force_terminal=True)
+    view = LiveView(object(), console=console, keep=10)
+    for f in flows:
+        view.on_flow(f)
+    console.print(view.table(5))
+    screen = console.file.getvalue()
+    assert "\\x1b[2J" in screen and "\x07" not in screen and "\x1b[2J" not in screen
+    out = io.StringIO()
+    LinePrinter(out).on_flow(flows[1])
+    assert "client=c\\x1b[2J\\x07" in out.getvalue() and "\x1b" not in out.getvalue()
+    # a topic name, in the records column
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    from kinspect.flows import Flow
+    from kinspect.proxy.pipeline import decode_flow
+    from proxyutil import codec, request_bytes
+
+    c = codec()
+    td = c.request_codec(0).spec.struct.field("TopicData").struct
+    pd = td.field("PartitionData").struct
+    b = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    b.append(timestamp=1, key=None, value=b"v", headers=[])
+    b.close()
+    req = request_bytes(0, 9, 5, Acks=1, TimeoutMs=1000, TopicData=[td.cls(
+        Name="t\x1b]0;owned\x07", PartitionData=[pd.cls(Index=0, Records=bytes(b.buffer()))])])
+    produce = Flow(9, 1, "127.0.0.1:1", "127.0.0.1:2", 0, 9, 5, "Produce", req, 1)
+    decode_flow(c, produce)
+    assert produce.request_decoded is not None
+    records = flow_row(produce)["records"]
+    assert records.startswith("t\\x1b]0;owned\\x07[0] 1 rec") and "\x1b" not in records
