@@ -1,4 +1,5 @@
-"""kinspect.heap: malloc settings that keep large frames' memory for reuse."""
+"""kinspect.heap: malloc settings that keep large frames' memory for reuse, and the
+proxy's garbage collector threshold."""
 
 from __future__ import annotations
 
@@ -77,3 +78,29 @@ def test_keep_frame_memory_never_raises_without_ctypes():
                          env={**os.environ, "PYTHONPATH": str(ROOT), "KINSPECT_MALLOC": "1"})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+_GC_PROBE = r"""
+import gc, json, sys
+gc.set_threshold(*json.loads(sys.argv[1]))
+from kinspect.proxy.server import install_uvloop
+install_uvloop()
+print(json.dumps(gc.get_threshold()))
+"""
+
+
+@pytest.mark.parametrize("before, env, after", [
+    ((700, 10, 10), "1", (10_000, 10, 10)),      # the default: raised, older ones kept
+    ((700, 5, 20), "1", (10_000, 5, 20)),
+    ((50_000, 10, 10), "1", (50_000, 10, 10)),   # higher already: left alone
+    ((0, 10, 10), "1", (0, 10, 10)),             # collection off: left off
+    ((700, 10, 10), "0", (700, 10, 10)),         # KINSPECT_GC=0
+])
+def test_a_proxy_process_collects_garbage_less_often(before, env, after):
+    """install_uvloop() (what `kinspect proxy` runs first) raises the young
+    generation's threshold to GC_YOUNG, and only that."""
+    out = subprocess.run([sys.executable, "-c", _GC_PROBE, json.dumps(before)],
+                         capture_output=True, text=True, timeout=60, cwd=ROOT,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "KINSPECT_GC": env})
+    assert out.returncode == 0, out.stderr
+    assert tuple(json.loads(out.stdout)) == after
