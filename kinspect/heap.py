@@ -80,8 +80,8 @@ GC_YOUNG = 10_000
 
 def collect_less() -> bool:
     """Raise the garbage collector's youngest-generation threshold to
-    :data:`GC_YOUNG` (the older generations' thresholds stay), unless collection is
-    off, the threshold is higher already, or the environment variable
+    :data:`GC_YOUNG` (the older generations' thresholds stay), unless it is 0
+    (``gc.set_threshold(0)`` turns collection off), higher already, or the environment variable
     ``KINSPECT_GC=0`` is set. Nothing here raises.
 
     Why: the live view keeps each flow, with its decoded values (some thirty

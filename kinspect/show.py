@@ -37,7 +37,7 @@ from .filters import TopicIds
 
 __all__ = ["COLUMNS", "RecordsField", "records_fields", "records_summary", "flow_summary",
            "flow_row", "flow_table", "flow_tree", "flow_json", "frame_diff", "error_name",
-           "format_time", "format_latency"]
+           "format_time", "format_latency", "printable"]
 
 #: ``(key, header, justify)`` of the flow table, in order (shared with the live view).
 COLUMNS: list[tuple[str, str, str]] = [
@@ -357,7 +357,8 @@ def flow_table(flows: Iterable[Any], topic_ids: TopicIds | None = None,
                      min_width=min(widest, _WRAPPING[key]) if wrap else widest)
     for f, row in rows:
         style = "red" if row["error"] else ("yellow" if "undecoded" in f.flags else None)
-        t.add_row(*(row[k] for k, _, _ in COLUMNS), style=style)
+        # Text, not str: rich would read "[...]" in a client id or topic name as markup
+        t.add_row(*(Text(row[k]) for k, _, _ in COLUMNS), style=style)
     return t
 
 
@@ -439,7 +440,7 @@ def _records_node(node: Tree, name: str, data: Any, limit: int | None, topic: st
         return
     head = f": {len(data)} B, {len(rs.batches)} batch(es), {rs.record_count} record(s)"
     if topic is not None or partition is not None:
-        head += f" of {topic or '?'}[{partition if partition is not None else '?'}]"
+        head += f" of {printable(topic or '?')}[{partition if partition is not None else '?'}]"
     sub = node.add(Text.assemble((name, "bold"), head))
     for i, b in enumerate(rs.batches):
         crc = Text("CRC ok", style="green") if b.crc_valid else Text(

@@ -8,6 +8,7 @@ import base64
 import gc
 import io
 import json
+import re
 import struct
 import types
 from pathlib import Path
@@ -311,3 +312,58 @@ def test_unpaired_and_token_flows_render(cap):
     row = flow_row(f)
     assert row["api"] == "Unpaired" and row["req_bytes"] == ""
     assert "raw: 0x" in text_of(flow_tree(f, CODEC))
+
+
+def test_names_from_the_wire_are_neither_markup_nor_terminal_control(tmp_path):
+    """A client id or topic name holding rich markup (``[/]``, ``[link=...]``) or
+    terminal control (ESC, BEL) is shown as text, escaped where not printable, by
+    ``kinspect show``'s table and tree, ``kinspect analyze``'s summary and ``kinspect
+    replay``'s: nothing raises, nothing reaches the terminal raw."""
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    from kinspect.analysis.summary import AnalysisResult
+    from kinspect.analysis.summary import print_summary as analysis_summary
+    from kinspect.commands.replay import print_summary as replay_summary
+    from proxyutil import request_bytes
+
+    client, topic = "c[/]x[link=https://evil.example]l[/link]\x1b[2J", "t[/]\x1b]0;x\x07"
+    td = CODEC.request_codec(0).spec.struct.field("TopicData").struct
+    pd = td.field("PartitionData").struct
+    b = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=1 << 16)
+    b.append(timestamp=1, key=None, value=b"v", headers=[])
+    b.close()
+    req = request_bytes(0, 9, 5, client_id=client, Acks=1, TimeoutMs=1000, TopicData=[
+        td.cls(Name=topic, PartitionData=[pd.cls(Index=0, Records=bytes(b.buffer()))])])
+    flow = Flow(1, 1, "127.0.0.1:1", "127.0.0.1:2", 0, 9, 5, "Produce", req, 1)
+    decode_flow(CODEC, flow)
+    assert flow.client_id == client
+
+    def shown(render) -> str:
+        buf = io.StringIO()
+        render(Console(file=buf, width=250, force_terminal=True, color_system="standard"))
+        out = buf.getvalue()
+        assert "\x07" not in out and "\x1b[2J" not in out and "\x1b]0;" not in out
+        assert "\x1b]8;" not in out  # no hyperlink
+        return re.sub("\x1b\\[[0-9;]*m", "", out)  # the text, without rich's colours
+
+    out = shown(lambda c: c.print(flow_table([flow])))
+    assert "c[/]x[link=https://evil.example]l[/link]\\x1b[2J" in out.replace("\n", "")
+    assert "t[/]\\x1b]0;x\\x07[0]" in out.replace("\n", "")
+    out = shown(lambda c: c.print(flow_tree(flow, CODEC)))
+    assert "of t[/]\\x1b]0;x\\x07[0]" in out
+    result = AnalysisResult(engine="local", out=tmp_path, tables={}, api_stats=[], clients=[
+        {"client_id": client, "client_software_name": "s[/]", "client_software_version": "1",
+         "connections": 1, "flows": 1}], topics=[{
+             "topic": topic, "partition": 0, "codec": "none", "produced_records": 1,
+             "produced_bytes": 1, "fetched_records": 0, "fetched_bytes": 0,
+             "compression_ratio": None}], tagged=[], what_if_summary=[], latency_hist=[])
+    out = shown(lambda c: analysis_summary(c, result))
+    assert "c[/]x[link=https://evil.example]l[/link]\\x1b[2J" in out
+    assert "t[/]\\x1b]0;x\\x07" in out and "s[/] 1" in out
+    report = types.SimpleNamespace(
+        results=[types.SimpleNamespace(flow=flow, status="differing",
+                                       explanation=f"topic {topic!r} [/] differs")],
+        counts=lambda: {"matched": 0, "differing": 1, "failed": 0, "skipped": 0},
+        upstream="127.0.0.1:2", elapsed_s=0.1, notes=["note [/] here"], mappings=[])
+    out = shown(lambda c: replay_summary(c, report, "cap[/].jsonl"))
+    assert "cap[/].jsonl" in out and "note [/] here" in out and "[/] differs" in out

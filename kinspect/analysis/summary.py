@@ -130,6 +130,9 @@ def _pct(x: float | None) -> str:
 def print_summary(console: Any, result: AnalysisResult) -> None:
     """Print the run's summary tables with rich."""
     from rich.table import Table
+    from rich.text import Text
+
+    from ..show import printable
 
     console.print(f"[bold]kinspect analyze[/] ({result.engine}): {result.frames} frames in "
                   f"{result.seconds:.1f} s -> {result.out}")
@@ -159,7 +162,10 @@ def print_summary(console: Any, result: AnalysisResult) -> None:
         for r in result.clients:
             sw = " ".join(x for x in (r["client_software_name"], r["client_software_version"])
                           if x) or "-"
-            t.add_row(str(r["client_id"]), sw, str(r["connections"]), str(r["flows"]))
+            # Text, escaped: client ids and topic names come from the wire (no markup,
+            # no control characters)
+            t.add_row(Text(printable(str(r["client_id"]))), Text(printable(sw)),
+                      str(r["connections"]), str(r["flows"]))
         console.print(t)
 
     if result.topics:
@@ -168,7 +174,7 @@ def print_summary(console: Any, result: AnalysisResult) -> None:
             t.add_column(c)
         for r in result.topics:
             ratio = r["compression_ratio"]
-            t.add_row(str(r["topic"]), str(r["partition"]), r["codec"],
+            t.add_row(Text(printable(str(r["topic"]))), str(r["partition"]), r["codec"],
                       f"{r['produced_records']} rec / {r['produced_bytes']} B",
                       f"{r['fetched_records']} rec / {r['fetched_bytes']} B",
                       "-" if ratio is None else f"{ratio:.2f}")

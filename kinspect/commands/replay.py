@@ -110,6 +110,7 @@ def run(args: argparse.Namespace) -> int:
 
 def print_summary(console, report, capture: str) -> None:
     """Per-api counts, then the differing and failed flows with their explanations."""
+    from rich.markup import escape
     from rich.table import Table
 
     from ..replay import DIFFERING, FAILED
@@ -120,7 +121,7 @@ def print_summary(console, report, capture: str) -> None:
                                                  "skipped": 0})
         d[r.status] += 1
     c = report.counts()
-    t = Table(title=f"replay of {capture} against {report.upstream} "
+    t = Table(title=f"replay of {escape(capture)} against {report.upstream} "
                     f"({report.elapsed_s:.1f} s)")
     for col in ("api", "matched", "differing", "failed", "skipped"):
         t.add_column(col, justify="left" if col == "api" else "right")
@@ -131,7 +132,7 @@ def print_summary(console, report, capture: str) -> None:
               _nz(c["failed"], "red"), str(c["skipped"]))
     console.print(t)
     for note in report.notes:
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"[dim]note: {escape(note)}[/]")
     if report.mappings:
         console.print(f"carried forward {len(report.mappings)} handed-out value(s): " + ", ".join(
             f"{m['kind']} (flow #{m['flow']})" for m in report.mappings[:8]))
@@ -139,7 +140,7 @@ def print_summary(console, report, capture: str) -> None:
     for r in bad[:20]:
         color = "yellow" if r.status == DIFFERING else "red"
         console.print(f"[{color}]#{r.flow.id} {r.flow.api_name} v{r.flow.api_version} "
-                      f"(conn {r.flow.conn}) {r.status}[/]: {r.explanation}")
+                      f"(conn {r.flow.conn}) {r.status}[/]: {escape(r.explanation)}")
     if len(bad) > 20:
         console.print(f"... and {len(bad) - 20} more (see --report)")
 
