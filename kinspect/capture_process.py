@@ -85,8 +85,9 @@ _STOP_TIMEOUT = 120.0
 #: bytes handed on after which they are written to the pipe at the next loop iteration
 BATCH_BYTES = 256 << 10
 #: seconds after which frames handed on are written to the pipe, however few (with
-#: 10 ms instead, the proxy and the child used 7-10 µs more CPU per round trip at
-#: 650 round trips per second; BENCHMARKS.md, Proxy)
+#: 10 ms instead, the proxy and the child used 6-10 µs more CPU per round trip at
+#: 650 round trips per second, and p99 was no better; BENCHMARKS.md, Proxy). Also
+#: what a proxy killed outright may lose on top of the pipeline's batch.
 BATCH_DELAY = 0.05
 #: bytes of the shared-memory ring frames travel through to the child (Linux)
 RING_BYTES = 32 << 20
