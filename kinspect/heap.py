@@ -81,8 +81,8 @@ GC_YOUNG = 10_000
 def collect_less() -> bool:
     """Raise the garbage collector's youngest-generation threshold to
     :data:`GC_YOUNG` (the older generations' thresholds stay), unless it is 0
-    (``gc.set_threshold(0)`` turns collection off), higher already, or the environment variable
-    ``KINSPECT_GC=0`` is set. Nothing here raises.
+    (``gc.set_threshold(0)`` turns collection off) or higher already, or the
+    environment variable ``KINSPECT_GC=0`` is set. Nothing here raises.
 
     Why: the live view keeps each flow, with its decoded values (some thirty
     container objects), until a redraw shows it or lets it go, four times a second.
