@@ -190,8 +190,8 @@ def _flags(fd: int) -> int:
 def test_direct_appender_writes_whole_blocks_then_the_rest_at_flush(tmp_path, monkeypatch):
     """Pieces of every size (some larger than the buffer), alone or several at once
     (write_parts), reach the file: whole blocks as the buffer fills, the rest at each
-    flush; the file always holds a prefix of
-    what was given, and after each flush all of it."""
+    flush; the file always holds a prefix of what was given, and after each flush
+    all of it."""
     import random
 
     monkeypatch.setattr(pagecache, "CHUNK", 8 * pagecache.BLOCK)
