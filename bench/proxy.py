@@ -55,6 +55,11 @@ Usage::
 
     python bench/proxy.py --rounds 5
     python bench/proxy.py --rounds 1 --small 5000 --large 500 --latency 200   # quick look
+
+Diagnostics, from the environment: ``KINSPECT_BENCH_PROFILE=PATH`` writes a cProfile
+of each proxy process to ``PATH.<mode>``; ``KINSPECT_BENCH_BACKLOG=1`` samples the
+capture's backlog every 5 ms and reports its largest value (``capture_backlog_max``
+in the proxy's stats, bytes).
 """
 
 from __future__ import annotations
@@ -247,6 +252,17 @@ def serve(args: argparse.Namespace) -> int:
         await proxy.start()
         if view is not None:
             view.start()
+        if capture is not None and os.environ.get("KINSPECT_BENCH_BACKLOG"):
+            # diagnostics: the capture's largest backlog, sampled every 5 ms (the
+            # pipeline pauses the proxy past capture.pause_bytes)
+            info["capture_backlog_max"] = 0
+
+            def sample() -> None:
+                info["capture_backlog_max"] = max(info["capture_backlog_max"],
+                                                  capture.backlog_bytes)
+                loop.call_later(0.005, sample)
+
+            sample()
         print("listening on %s:%d" % proxy.address, flush=True)
         await stop.wait()
         await proxy.close()
