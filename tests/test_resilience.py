@@ -1948,8 +1948,11 @@ def test_produce_acks_shortcut_agrees_with_the_decoder_for_every_version():
             decoded = c.decode_request(req).body.Acks
             assert decoded == acks
             assert t.produce_acks(req, version) == acks, (version, client_id, txn)
+            # as the short path reads it: with its size prefix, from offset 4
+            assert t.produce_acks(frame(req), version, 4) == acks
             for cut in (9, len(req) // 2):
                 assert t.produce_acks(req[:cut], version) in (None, acks)
+                assert t.produce_acks(frame(req)[:cut + 4], version, 4) in (None, acks)
             checked += 1
     assert checked > 100
 

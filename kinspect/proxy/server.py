@@ -1237,7 +1237,7 @@ class _ClientSide(asyncio.Protocol):
                     if api_key != PRODUCE:
                         apis[corr] = (api_key, api_version) if need else None
                     elif ((need or corr in apis or corr in conn.tracker.pending) and
-                          conn.tracker.produce_acks(data[4:], api_version) != 0):
+                          conn.tracker.produce_acks(data, api_version, 4) != 0):
                         apis[corr] = (api_key, api_version) if need else None
                 proxy.pipeline.kick()  # as client_data does
                 return

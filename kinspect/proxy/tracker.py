@@ -69,13 +69,12 @@ def _skip_plan(spec: Any, version: int, stop: str | None) -> list | None:
     return steps
 
 
-def _skip(plan: tuple, buf: bytes) -> int:
-    """Run a skip plan over ``buf`` from 0; the position reached.
+def _skip(plan: tuple, buf: bytes, pos: int = 0) -> int:
+    """Run a skip plan over ``buf`` from ``pos``; the position reached.
 
     Raises:
         DecodeError, struct.error: truncated or malformed input.
     """
-    pos = 0
     for kind, n in plan:
         if kind == _FIXED:
             pos += n
@@ -161,8 +160,9 @@ class FlowTracker:
         self.inflight.append(flow)
         return flow
 
-    def produce_acks(self, frame: bytes, api_version: int) -> int | None:
-        """The ``Acks`` of a Produce request frame (found through the spec), or
+    def produce_acks(self, frame: bytes, api_version: int, start: int = 0) -> int | None:
+        """The ``Acks`` of the Produce request frame at ``start`` in ``frame`` (4: a
+        frame read with its size prefix, which need not be copied to be read), or
         ``None`` when the frame or the spec does not tell.
 
         On the forwarding path: the header and the fields before ``Acks`` are
@@ -173,10 +173,12 @@ class FlowTracker:
             plan = self._acks_plan(api_version)
         if plan is not None:
             try:
-                pos = _skip(plan, frame)
+                pos = _skip(plan, frame, start)
             except (DecodeError, struct.error):
                 return None
             return _H(frame, pos)[0] if pos + 2 <= len(frame) else None
+        if start:
+            frame = frame[start:]
         try:
             req = self.codec.decode_request(frame, body=False)
             return self.codec.request_codec(PRODUCE).peek_field(frame, api_version,
