@@ -547,3 +547,51 @@ def test_response_tags_through_cached_c_scans_agree_with_the_layered_path(monkey
                         c.response_top_level_tags(bad, api_key, version)
                 checked += 1
     assert checked > 100
+
+
+def test_response_tag_scanner_finds_the_tags_of_a_frame_in_a_larger_buffer():
+    """``Codec.response_tag_scanner`` hands the proxy the body's C scan and where the
+    body starts, to scan a response where it was read (after its size prefix) with
+    no copy. For every flexible response version of the default specs, with and
+    without body tags, the scan of the frame inside a larger buffer ends at the
+    frame's end with the tags the layered path finds, and never claims a window
+    that is one byte short or long. ApiVersions (whose refusals may carry a v0
+    body) and versions no spec defines get no scanner; nothing does without the C
+    extension."""
+    from kinspect.codec import Codec
+    from kinspect.codec.protocol import Response, scan_tags
+    from kinspect.codec.values import struct_class
+
+    c = Codec()
+    if NATIVE is None:  # (KINSPECT_NATIVE=0)
+        assert scan_tags is None and c.response_tag_scanner(0, 10) is None
+        return
+    assert c.response_tag_scanner(18, 3) is None
+    assert c.response_tag_scanner(0, 10_000) is None and c.response_tag_scanner(9999, 0) is None
+    checked = 0
+    for api_key in sorted(c.registry.api_keys()):
+        spec = c.registry.response(api_key)
+        if spec is None or api_key == 18:
+            continue
+        cls = struct_class(spec.struct)
+        for version in range(spec.valid_versions.lowest, spec.valid_versions.highest + 1):
+            if not spec.is_flexible(version):
+                continue
+            hv = c.response_header_version(api_key, version)
+            found = c.response_tag_scanner(api_key, version)
+            assert found is not None, (api_key, version)
+            program, offset = found
+            assert offset == (4 if hv == 0 else 5)
+            for body in (cls(), cls(unknown_tags={7: b"t", 900: b""})):
+                frame = c.encode_response(Response(api_key, version, 9, hv, None, body, 0,
+                                                   "", version))
+                want = c.response_top_level_tags(frame, api_key, version)
+                buf = b"\x00\x00\x01\x00" + frame + b"\x00\x07"
+                end = 4 + len(frame)
+                got = scan_tags(program, buf, 4 + offset, end)
+                assert got is not None and got[0] == end and frozenset(got[1]) == want
+                for short_or_long in (end - 1, end + 1):
+                    got = scan_tags(program, buf, 4 + offset, short_or_long)
+                    assert got is None or got[0] != short_or_long, (api_key, version)
+                checked += 1
+    assert checked > 100

@@ -1479,6 +1479,109 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     assert seen["consumed"] == (read_from_client, read_from_broker)
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
+        tansu, monkeypatch, loop):
+    """A Produce v10 answer read whole is scanned for KIP-951 NodeEndpoints where it
+    was read (``Proxy.response_check``): one without the tag, also with another
+    (unknown) top-level tag, goes out as read, never through the generic rewrite
+    step (``Connection._rewrite_frame``); one with the tag is rewritten to this
+    proxy's listener for the broker it names; one with a byte after its body falls
+    back to the generic step, is forwarded unchanged and flagged undecoded. Real
+    peers: the answers come from Tansu through a second kinspect proxy in front of
+    it, whose response mutator adds the tags and the byte."""
+    import uvloop
+
+    from kinspect.codec.values import struct_class
+    from kinspect.proxy import server
+
+    c = codec()
+    ep = struct_class(c.registry.response(0).struct.field("NodeEndpoints").struct)
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    kinds = ["plain", "unknown tag", "node endpoints", "trailing byte"]
+
+    def kind_of(corr: int) -> str:
+        return kinds[corr % len(kinds)]
+
+    def mutate(flow, frame_):  # the second proxy's: Produce v10 answers changed by kind
+        if flow.api_key != 0 or flow.api_version != 10:
+            return None
+        kind = kind_of(flow.correlation_id)
+        resp = c.decode_response(frame_, 0, 10)
+        if kind == "unknown tag":
+            resp.body.unknown_tags = {7: b"seven"}
+        elif kind == "node endpoints":
+            resp.body.NodeEndpoints = [ep(NodeId=1, Host=host, Port=int(port), Rack=None)]
+        elif kind == "trailing byte":
+            return frame_ + b"\x00"
+        return c.encode_response(resp) if kind != "plain" else None
+
+    first_proxy = {}
+    generic: list[int] = []  # correlation ids the first proxy sent to _rewrite_frame
+    long_reads = []
+
+    def counted(self, api_key, api_version, frame_, _orig=server.Connection._rewrite_frame):
+        if self.proxy is first_proxy.get("proxy"):
+            generic.append(struct.unpack_from(">i", frame_)[0])
+        return _orig(self, api_key, api_version, frame_)
+
+    def upstream_data(self, data, _orig=server.Connection.upstream_data):
+        if self.proxy is first_proxy.get("proxy"):
+            long_reads.append(len(data))
+        return _orig(self, data)
+
+    monkeypatch.setattr(server.Connection, "_rewrite_frame", counted)
+    monkeypatch.setattr(server.Connection, "upstream_data", upstream_data)
+    topic = "scan-in-place"
+    create_topic(tansu.bootstrap, topic)
+
+    async def main():
+        async with running_proxy(tansu.bootstrap) as (second, _):
+            second.response_mutator = mutate
+            async with running_proxy("%s:%d" % second.address) as (proxy, rec):
+                first_proxy["proxy"] = proxy
+                raw = await Raw.open(*proxy.address)
+                await roundtrip(raw, api_versions(1))  # (the broker connection is up)
+                sent, got = {}, {}
+                for corr in range(40, 60):
+                    sent[corr] = produce(corr, topic, record_batch([b"v%d" % corr]),
+                                         version=10)
+                    got[corr] = await roundtrip(raw, sent[corr])
+                raw.close()
+                await proxy.pipeline.drained()
+                listener = proxy.listeners.get((host, int(port)))
+                return got, rec.flows, listener, proxy.advertised_host()
+
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        got, flows, listener, advertised = ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
+    flows = {f.correlation_id: f for f in flows if f.api_key == 0}
+    assert sorted(flows) == list(range(40, 60))
+    assert listener is not None, "no listener for the broker NodeEndpoints named"
+    for corr, f in flows.items():
+        kind = kind_of(corr)
+        if kind in ("plain", "unknown tag"):
+            assert f.flags == set() and f.response_sent is None, (kind, f)
+            assert got[corr] == f.response, kind
+            body = c.decode_response(got[corr], 0, 10).body
+            assert (body.unknown_tags == {7: b"seven"}) == (kind == "unknown tag")
+        elif kind == "node endpoints":
+            assert f.flags == {"rewritten"}, f
+            nodes = c.decode_response(got[corr], 0, 10).body.NodeEndpoints
+            assert [(n.Host, n.Port) for n in nodes] == [(advertised, listener.port)]
+            assert got[corr] == f.response_sent != f.response
+        else:
+            assert f.flags == {"undecoded"}, f
+            assert got[corr] == f.response and got[corr].endswith(b"\x00")
+    tagged = [corr for corr in flows if kind_of(corr) in ("node endpoints", "trailing byte")]
+    assert set(tagged) <= set(generic), "an answer with the tag was not rewritten"
+    scanned = [corr for corr in generic if kind_of(corr) in ("plain", "unknown tag")]
+    # (a broker may write an answer in pieces now and then: the long way decides then)
+    assert len(scanned) <= len(long_reads) and len(long_reads) < 5, (scanned, long_reads)
+
+
 @contextlib.asynccontextmanager
 async def batchless_proxy(tansu, addons=()):
     """A proxy whose pipeline runs no batch unless asked for (``delay`` an hour), so
@@ -1560,7 +1663,12 @@ async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
             consumed = conn.req_cut.consumed
             raw.send(req)
             await wait_for(lambda: conn.req_cut.consumed > consumed, what="a request read")
-        assert conn.apis == {10: None, 12: (3, 12)}  # (11: acks=0, nothing expected)
+        # (11, acks=0: Acks is not read on the short path, so an answer would be
+        # checked like any Produce v10 answer; Kafka sends none, and the entry goes
+        # at the next batch)
+        assert conn.apis == {10: None, 11: proxy.response_check(0, 10),
+                             12: proxy.response_check(3, 12)}
+        assert conn.apis[11][2] is not None and conn.apis[12] == (3, 12, None)
         for corr in (10, 11, 12):
             assert corr_of(await raw.read()) == corr
         assert not conn.apis
@@ -1662,6 +1770,36 @@ async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tans
         assert [f.api_key for f in flows] == [3, 18]
         assert flows[1].response == again and flows[1].response_sent is None
         assert not flows[1].flags and flows[1].error is None and not flows[1].notes
+        assert proxy.stats.undecoded == 0
+        raw.close()
+
+
+async def test_an_acks0_produce_reusing_an_id_does_not_hide_the_request_that_has_it(
+        tansu, unique):
+    """An acks=0 Produce expects no answer: sent with the correlation id of a Fetch
+    v16 still waiting for its answer (both on the short path), it does not take the
+    Fetch's place, so the Fetch's answer is checked for KIP-951 NodeEndpoints as a
+    Fetch answer (not as a Produce one, which would flag it undecoded)."""
+    topic = unique("reuse-acks0")
+    create_topic(tansu.bootstrap, topic)
+    async with batchless_proxy(tansu) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        meta = codec().decode_response(await roundtrip(raw, metadata(2)), 3, 12).body
+        topic_id = next(t.TopicId for t in meta.Topics if t.Name == topic)
+        conn = next(iter(proxy.connections))
+        for req in (fetch_v16(7, topic_id), produce(7, topic, record_batch([b"x"]), acks=0,
+                                                   version=10)):
+            consumed = conn.req_cut.consumed
+            raw.send(req)
+            await wait_for(lambda: conn.req_cut.consumed > consumed, what="a request read")
+        assert conn.apis == {7: proxy.response_check(1, 16)}
+        answers = [await raw.read(), await raw.read()]  # (Tansu answers acks=0 too)
+        assert [corr_of(a) for a in answers] == [7, 7]
+        await proxy.pipeline.drained()
+        fetches = [f for f in rec.flows if f.api_key == 1]
+        assert len(fetches) == 1 and fetches[0].response == answers[0]
+        assert not fetches[0].flags and fetches[0].error is None, fetches[0]
         assert proxy.stats.undecoded == 0
         raw.close()
 

@@ -21,6 +21,12 @@ from .errors import DecodeError, EncodeError, KinspectError
 from .registry import MessageCodec, SpecRegistry, _native_scan, default_registry
 from .values import Struct
 
+#: The C scan of a struct (``kinspect.codec._native.scan``), or ``None`` when the
+#: extension is not built or is off: ``scan_tags(program, buf, pos, end)`` ->
+#: ``(end offset, [top-level tag numbers])`` or ``None`` (see
+#: :meth:`Codec.response_tag_scanner`, which hands out programs only when this exists).
+scan_tags = _native_scan
+
 _UNSET = object()
 
 API_VERSIONS = 18
@@ -283,6 +289,29 @@ class Codec:
             if self.decode_response(frame, api_key, api_version).body_version == 0:
                 return frozenset()
         return self.registry.codec(spec).top_level_tags(frame, api_version, pos)
+
+    def response_tag_scanner(self, api_key: int, api_version: int) -> tuple[Any, int] | None:
+        """How to find the top-level tags of a response body in place, for a caller
+        that holds the frame in a larger buffer (the proxy: a read with its size
+        prefix) and would rather not copy it: ``(program, offset)``, or ``None``
+        when there is no C scan for this api key and version (or any doubt, as in
+        :meth:`response_top_level_tags`, which is then the way).
+
+        ``offset`` is where the body starts in the frame (without size prefix) when
+        the response header carries no tagged fields: 4 (header v0: a correlation
+        id), or 5 (header v1: also its tag section, which must then be the single
+        byte 0). :data:`scan_tags` ``(program, buf, start + offset, end)`` walks the body of
+        the frame at ``buf[start:end]`` building nothing, and returns ``(end offset,
+        [top-level tag numbers])``, or ``None`` when the body does not scan (the
+        caller's cue to fall back to :meth:`response_top_level_tags`, which says
+        why). The scan's end offset must equal ``end``: anything else is a frame
+        with bytes after its body. Tagged fields: KIP-482; response headers: the
+        protocol guide."""
+        key = (api_key, api_version)
+        plan = self._tag_scans.get(key, _UNSET)
+        if plan is _UNSET:
+            plan = self._tag_scans[key] = self._tag_scan(api_key, api_version)
+        return None if plan is None else (self._body_scans[key], plan)
 
     def _tag_scan(self, api_key: int, api_version: int) -> int | None:
         """Where the body starts when the response header has no tags (4 for header

@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 from ..codec import Codec, DecodeError, FrameSizeError, KinspectError
 from ..codec.frames import DEFAULT_MAX_FRAME
+from ..codec.protocol import scan_tags as _scan_tags
 from ..flows import MUTATED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
 from .rewrite import AddressRewriter
 from .tracker import PRODUCE, SASL_HANDSHAKE, FlowTracker
@@ -498,6 +499,9 @@ class Proxy:
         #: what frame buffers not read into yet may come to, over all connections
         self.unfilled = Unfilled()
         self._trigger_cache: dict[tuple[int, int], frozenset[int] | None] = {}
+        #: (api key, api version) -> what the short path notes for its requests
+        #: (see response_check)
+        self._checks: dict[tuple[int, int], tuple | None] = {}
         #: connections with frames forwarded on the short path and not paired yet
         #: (Connection.settle), and how many such frames (and bytes) there are
         self.unsettled: list[Connection] = []
@@ -644,12 +648,7 @@ class Proxy:
         Raises:
             DecodeError: the frame does not decode; EncodeError: it cannot be re-encoded.
         """
-        key = (api_key, api_version)
-        tags = self._trigger_cache.get(key, _UNSET)
-        if tags is _UNSET:
-            tags = self.rewriter.trigger_tags(api_key, api_version)
-            if len(self._trigger_cache) < _CACHE_MAX or self._known(api_key, api_version):
-                self._trigger_cache[key] = tags
+        tags = self._triggers(api_key, api_version)
         if tags is not None and not tags & self.codec.response_top_level_tags(
                 frame, api_key, api_version):
             return None, None  # e.g. Produce/Fetch without NodeEndpoints: nothing to do
@@ -658,6 +657,46 @@ class Proxy:
             return None, resp
         self.stats.rewritten += 1
         return self.codec.encode_response(resp), resp
+
+    def _triggers(self, api_key: int, api_version: int) -> frozenset[int] | None:
+        """The top-level tags a response must carry to hold broker addresses, or
+        ``None`` when they may be anywhere (``AddressRewriter.trigger_tags``, kept)."""
+        key = (api_key, api_version)
+        tags = self._trigger_cache.get(key, _UNSET)
+        if tags is _UNSET:
+            tags = self.rewriter.trigger_tags(api_key, api_version)
+            if len(self._trigger_cache) < _CACHE_MAX or self._known(api_key, api_version):
+                self._trigger_cache[key] = tags
+        return tags
+
+    def response_check(self, api_key: int, api_version: int) -> tuple | None:
+        """What the short path notes (``Connection.apis``) for a request whose
+        response it will forward: ``None`` when responses of this api key and
+        version carry no broker address (:meth:`rewrite_needed`), else ``(api_key,
+        api_version, scan)``. ``scan`` is ``(program, body offset in a read with its
+        size prefix, trigger tags)`` when every address sits under a top-level tagged
+        field (KIP-951 ``NodeEndpoints`` of Produce v10+ and Fetch v16+) and the C
+        scan is there (:meth:`Codec.response_tag_scanner
+        <kinspect.codec.Codec.response_tag_scanner>`): a response whose top-level
+        tags include none of those is forwarded as read, scanned in place. Else
+        ``None``: every response goes through :meth:`rewrite_response`. Kept per
+        pair, as in :meth:`rewrite_needed`."""
+        key = (api_key, api_version)
+        chk = self._checks.get(key, _UNSET)
+        if chk is not _UNSET:
+            return chk
+        chk = None
+        if self.rewrite_needed(api_key, api_version):
+            scan = None
+            tags = self._triggers(api_key, api_version)
+            if tags is not None and _scan_tags is not None:
+                found = self.codec.response_tag_scanner(api_key, api_version)
+                if found is not None:
+                    scan = (found[0], found[1] + 4, tags)
+            chk = (api_key, api_version, scan)
+        if len(self._checks) < _CACHE_MAX or self._known(api_key, api_version):
+            self._checks[key] = chk
+        return chk
 
     def _known(self, api_key: int, api_version: int) -> bool:
         """A response spec defines this api key and version."""
@@ -771,11 +810,11 @@ class Connection:
         #: ``(data, ns, arrival)``, responses ``(data, ns, arrival, rewrite
         #: outcome)``, ``arrival`` from Proxy.arrivals (see settle)
         self.unsettled: list[tuple] = []
-        #: correlation id -> the unsettled requests' (api key, api version) when
-        #: their responses are to be checked for broker addresses (see
-        #: rewrite_needed), else None: the tracker, which has not seen them, stands
-        #: in for them only for ids not here (a client may reuse an id)
-        self.apis: dict[int, tuple[int, int] | None] = {}
+        #: correlation id -> how the unsettled requests' responses are to be
+        #: checked for broker addresses (Proxy.response_check), None when they are
+        #: not: the tracker, which has not seen these requests, stands in for them
+        #: only for ids not here (a client may reuse an id)
+        self.apis: dict[int, tuple | None] = {}
         #: frames may take the short path (not after a SaslHandshake v0 request:
         #: raw SASL tokens follow, which only the tracker tells apart)
         self.simple = True
@@ -1097,6 +1136,9 @@ class Connection:
 
 
 _UNDECODED, _FAILED, _UNCHANGED, _REWRITTEN = range(4)
+#: the outcome of a response scanned for the tags of broker addresses and found
+#: without them: forwarded as read, not decoded
+_SCANNED = (_UNCHANGED, None)
 
 
 def _first(item: tuple) -> Any:
@@ -1227,18 +1269,24 @@ class _ClientSide(asyncio.Protocol):
                     unsettled.append((data, time.time_ns(), next(proxy.arrivals)))
                     proxy.unsettled_frames += 1
                     proxy.unsettled_bytes += n
-                    need = proxy._rw_cache.get((api_key, api_version))
-                    if need is None:
-                        need = proxy.rewrite_needed(api_key, api_version)
-                    # whether its response will be checked for broker addresses; an
-                    # acks=0 Produce expects none, and the tracker neither pairs an
-                    # answer with it nor lets it hide an earlier request of its id
+                    # whether (and how) its response will be checked for broker
+                    # addresses (Proxy.response_check)
+                    chk = proxy._checks.get((api_key, api_version), _UNSET)
+                    if chk is _UNSET:
+                        chk = proxy.response_check(api_key, api_version)
                     apis = conn.apis
                     if api_key != PRODUCE:
-                        apis[corr] = (api_key, api_version) if need else None
-                    elif ((need or corr in apis or corr in conn.tracker.pending) and
-                          conn.tracker.produce_acks(data, api_version, 4) != 0):
-                        apis[corr] = (api_key, api_version) if need else None
+                        apis[corr] = chk
+                    elif corr in apis or corr in conn.tracker.pending:
+                        # the id is taken: an acks=0 Produce expects no answer, and
+                        # the tracker neither pairs one with it nor lets it hide the
+                        # earlier request of its id
+                        if conn.tracker.produce_acks(data, api_version, 4) != 0:
+                            apis[corr] = chk
+                    elif chk is not None:
+                        # (an acks=0 Produce's entry is never taken by an answer,
+                        # and goes at the next settle: Acks is not read here)
+                        apis[corr] = chk
                 proxy.pipeline.kick()  # as client_data does
                 return
         conn.client_data(data)
@@ -1335,14 +1383,22 @@ class _UpstreamSide(asyncio.Protocol):
                     if conn.tracker.pending:
                         flow = conn._to_rewrite(corr)
                         if flow is not None:
-                            api = (flow.api_key, flow.api_version)
+                            api = proxy.response_check(flow.api_key, flow.api_version)
                 outcome = None
                 tr = conn.client_tr
                 if api is None:
                     if not tr.is_closing():
                         tr.write(data)
                 else:
-                    sent, outcome = conn._rewrite_frame(api[0], api[1], data[4:])
+                    scan = api[2]
+                    if scan is not None and n > scan[1] and (scan[1] == 8 or data[8] == 0):
+                        # KIP-951 tags looked for in place (Proxy.response_check):
+                        # the header has no tags, the body scans to the frame's end
+                        got = _scan_tags(scan[0], data, scan[1], n)
+                        if got is not None and got[0] == n and scan[2].isdisjoint(got[1]):
+                            outcome = _SCANNED
+                    if outcome is None:
+                        sent, outcome = conn._rewrite_frame(api[0], api[1], data[4:])
                     if not tr.is_closing():
                         if outcome[0] != _REWRITTEN:
                             tr.write(data)
