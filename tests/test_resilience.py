@@ -1582,6 +1582,33 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     assert len(scanned) <= len(long_reads) and len(long_reads) < 5, (scanned, long_reads)
 
 
+async def test_a_failing_in_place_scanner_leaves_the_check_to_the_generic_step(
+        tansu, monkeypatch, caplog):
+    """Should finding a response's in-place scan fail (a bug, or a spec the C scan
+    cannot take), the failure is logged once for the api version and its answers
+    are still checked, by the generic rewrite step: the proxy keeps forwarding."""
+    from kinspect.codec import Codec
+
+    def broken(self, api_key, api_version):
+        raise RuntimeError("scanner bug")
+
+    monkeypatch.setattr(Codec, "response_tag_scanner", broken)
+    topic = "scan-broken"
+    create_topic(tansu.bootstrap, topic)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        for corr in (2, 3):
+            await roundtrip(raw, produce(corr, topic, record_batch([b"x"]), version=10))
+        assert proxy.response_check(0, 10) == (0, 10, None)
+        raw.close()
+        await proxy.pipeline.drained()
+    failures = [r for r in caplog.records if "no in-place scan of Produce v10" in r.getMessage()]
+    assert len(failures) == 1 and "scanner bug" in (failures[0].exc_text or "")
+    produced = [f for f in rec.flows if f.api_key == 0]
+    assert len(produced) == 2 and all(not f.flags and f.response for f in produced)
+
+
 @contextlib.asynccontextmanager
 async def batchless_proxy(tansu, addons=()):
     """A proxy whose pipeline runs no batch unless asked for (``delay`` an hour), so

@@ -690,7 +690,12 @@ class Proxy:
             scan = None
             tags = self._triggers(api_key, api_version)
             if tags is not None and _scan_tags is not None:
-                found = self.codec.response_tag_scanner(api_key, api_version)
+                try:
+                    found = self.codec.response_tag_scanner(api_key, api_version)
+                except Exception:  # noqa: BLE001 - a bug; the generic step still checks
+                    log.exception("no in-place scan of %s v%d responses",
+                                  self.codec.api_name(api_key), api_version)
+                    found = None
                 if found is not None:
                     scan = (found[0], found[1] + 4, tags)
             chk = (api_key, api_version, scan)
