@@ -1487,12 +1487,19 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     (unknown) top-level tag, goes out as read, never through the generic rewrite
     step (``Connection._rewrite_frame``); one with the tag is rewritten to this
     proxy's listener for the broker it names; one with a byte after its body falls
-    back to the generic step, is forwarded unchanged and flagged undecoded. Real
-    peers: the answers come from Tansu through a second kinspect proxy in front of
-    it, whose response mutator adds the tags and the byte."""
+    back to the generic step, is forwarded unchanged and flagged undecoded. An
+    answer with the tag to an acks=0 Produce (which expects none; the request's
+    Acks is not read on the short path) is forwarded as read, unpaired, as on the
+    long path. Real peers: the answers come from Tansu through a second kinspect
+    proxy in front of it, whose response mutator adds the tags and the byte; the
+    acks=0 Produce goes through a third one before that (rewriting no address),
+    which makes it acks=1 so that the second one pairs and changes its answer. Without the C extension every
+    answer takes the generic step."""
     import uvloop
 
+    from kinspect.codec.protocol import scan_tags
     from kinspect.codec.values import struct_class
+    from kinspect.flows import NO_RESPONSE, UNPAIRED
     from kinspect.proxy import server
 
     c = codec()
@@ -1503,10 +1510,19 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     def kind_of(corr: int) -> str:
         return kinds[corr % len(kinds)]
 
+    stray = 60  # an acks=0 Produce, answered with NodeEndpoints
+
+    def answer_it(flow, frame_):  # the third proxy's request mutator
+        if flow.api_key != 0 or flow.correlation_id != stray:
+            return None
+        req = c.decode_request(frame_)
+        req.body.Acks = 1
+        return c.encode_request(req)
+
     def mutate(flow, frame_):  # the second proxy's: Produce v10 answers changed by kind
         if flow.api_key != 0 or flow.api_version != 10:
             return None
-        kind = kind_of(flow.correlation_id)
+        kind = kind_of(flow.correlation_id) if flow.correlation_id != stray else "node endpoints"
         resp = c.decode_response(frame_, 0, 10)
         if kind == "unknown tag":
             resp.body.unknown_tags = {7: b"seven"}
@@ -1536,9 +1552,11 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     create_topic(tansu.bootstrap, topic)
 
     async def main():
-        async with running_proxy(tansu.bootstrap) as (second, _):
+        async with running_proxy(tansu.bootstrap) as (second, _), \
+                running_proxy("%s:%d" % second.address, rewrite=False) as (third, _):
             second.response_mutator = mutate
-            async with running_proxy("%s:%d" % second.address) as (proxy, rec):
+            third.request_mutator = answer_it
+            async with running_proxy("%s:%d" % third.address) as (proxy, rec):
                 first_proxy["proxy"] = proxy
                 raw = await Raw.open(*proxy.address)
                 await roundtrip(raw, api_versions(1))  # (the broker connection is up)
@@ -1547,18 +1565,28 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
                     sent[corr] = produce(corr, topic, record_batch([b"v%d" % corr]),
                                          version=10)
                     got[corr] = await roundtrip(raw, sent[corr])
+                got[stray] = await roundtrip(raw, produce(stray, topic, record_batch([b"s"]),
+                                                          acks=0, version=10))
                 raw.close()
                 await proxy.pipeline.drained()
                 listener = proxy.listeners.get((host, int(port)))
-                return got, rec.flows, listener, proxy.advertised_host()
+                return got, rec.flows, listener, proxy.advertised_host(), proxy.stats
 
     ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
     try:
-        got, flows, listener, advertised = ev_loop.run_until_complete(main())
+        got, flows, listener, advertised, stats = ev_loop.run_until_complete(main())
     finally:
         ev_loop.close()
-    flows = {f.correlation_id: f for f in flows if f.api_key == 0}
+    strays = sorted((f for f in flows if f.correlation_id == stray),
+                    key=lambda f: f.response is not None)
+    assert [f.flags for f in strays] == [{NO_RESPONSE}, {UNPAIRED}], strays
+    assert strays[1].response == got[stray] and strays[1].response_sent is None
+    nodes = c.decode_response(got[stray], 0, 10).body.NodeEndpoints
+    assert [(n.Host, n.Port) for n in nodes] == [(host, int(port))]  # as the broker sent
+    assert stray not in generic
+    flows = {f.correlation_id: f for f in flows if f.api_key == 0 and f.correlation_id != stray}
     assert sorted(flows) == list(range(40, 60))
+    assert stats.rewritten == 5
     assert listener is not None, "no listener for the broker NodeEndpoints named"
     for corr, f in flows.items():
         kind = kind_of(corr)
@@ -1578,6 +1606,9 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     tagged = [corr for corr in flows if kind_of(corr) in ("node endpoints", "trailing byte")]
     assert set(tagged) <= set(generic), "an answer with the tag was not rewritten"
     scanned = [corr for corr in generic if kind_of(corr) in ("plain", "unknown tag")]
+    if scan_tags is None:  # (KINSPECT_NATIVE=0)
+        assert len(scanned) == 10
+        return
     # (a broker may write an answer in pieces now and then: the long way decides then)
     assert len(scanned) <= len(long_reads) and len(long_reads) < 5, (scanned, long_reads)
 
@@ -1586,8 +1617,10 @@ async def test_a_failing_in_place_scanner_leaves_the_check_to_the_generic_step(
         tansu, monkeypatch, caplog):
     """Should finding a response's in-place scan fail (a bug, or a spec the C scan
     cannot take), the failure is logged once for the api version and its answers
-    are still checked, by the generic rewrite step: the proxy keeps forwarding."""
+    are still checked, by the generic rewrite step: the proxy keeps forwarding.
+    (Without the C extension no scan is looked for.)"""
     from kinspect.codec import Codec
+    from kinspect.codec.protocol import scan_tags
 
     def broken(self, api_key, api_version):
         raise RuntimeError("scanner bug")
@@ -1604,7 +1637,10 @@ async def test_a_failing_in_place_scanner_leaves_the_check_to_the_generic_step(
         raw.close()
         await proxy.pipeline.drained()
     failures = [r for r in caplog.records if "no in-place scan of Produce v10" in r.getMessage()]
-    assert len(failures) == 1 and "scanner bug" in (failures[0].exc_text or "")
+    if scan_tags is None:  # (KINSPECT_NATIVE=0)
+        assert failures == []
+    else:
+        assert len(failures) == 1 and "scanner bug" in (failures[0].exc_text or "")
     produced = [f for f in rec.flows if f.api_key == 0]
     assert len(produced) == 2 and all(not f.flags and f.response for f in produced)
 
@@ -1637,8 +1673,8 @@ async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
     at the pipeline's next batch, or first thing when a long path runs, whichever
     comes first, and always in their order on the wire. Before that, the tracker has
     not seen them. Of the requests waiting so, the ones whose answers are to be
-    checked for broker addresses are known (not an acks=0 Produce: no answer is
-    expected); after a SaslHandshake v0 (raw SASL tokens may follow, which only the
+    checked for broker addresses are known (an acks=0 Produce too, its Acks not
+    read: the tracker tells its stray answer apart); after a SaslHandshake v0 (raw SASL tokens may follow, which only the
     tracker tells apart) the connection takes the long path only. No flow is lost
     or paired wrongly."""
     from kinspect.flows import NO_RESPONSE, UNPAIRED
@@ -1682,20 +1718,21 @@ async def test_short_path_frames_are_paired_at_the_next_batch_in_their_order(
         assert not conn.tracker.inflight
         assert proxy.unsettled_frames == len(deferred) and proxy.unsettled == [conn]
         # one read each, answered in order after the Fetch's wait (nothing to fetch):
-        # the Metadata answer will be checked (and rewritten), the Fetch v12's and
-        # the acks=0 Produce v10's not (Kafka brokers do not answer that; Tansu does)
+        # the Metadata answer will be checked (and rewritten), the Fetch v12's not,
+        # and the acks=0 Produce v10's is scanned (Kafka brokers do not answer that;
+        # Tansu does), found without NodeEndpoints and forwarded as read
         queued = [fetch(10, empty, max_wait_ms=1000),
                   produce(11, topic, record_batch([b"x"]), acks=0, version=10), metadata(12)]
         for req in queued:
             consumed = conn.req_cut.consumed
             raw.send(req)
             await wait_for(lambda: conn.req_cut.consumed > consumed, what="a request read")
-        # (11, acks=0: Acks is not read on the short path, so an answer would be
-        # checked like any Produce v10 answer; Kafka sends none, and the entry goes
-        # at the next batch)
+        # (11, acks=0: Acks is not read on the short path; the tracker tells an
+        # answer to it apart before anything is decoded, and the entry goes at the
+        # next batch)
         assert conn.apis == {10: None, 11: proxy.response_check(0, 10),
                              12: proxy.response_check(3, 12)}
-        assert conn.apis[11][2] is not None and conn.apis[12] == (3, 12, None)
+        assert conn.apis[12] == (3, 12, None)
         for corr in (10, 11, 12):
             assert corr_of(await raw.read()) == corr
         assert not conn.apis

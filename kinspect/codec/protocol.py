@@ -262,8 +262,7 @@ class Codec:
         """
         plan = self._tag_scans.get((api_key, api_version), _UNSET)
         if plan is _UNSET:
-            plan = self._tag_scans[(api_key, api_version)] = self._tag_scan(api_key,
-                                                                             api_version)
+            plan = self._remember_tag_scan((api_key, api_version))
         if plan is not None and type(frame) is bytes and len(frame) > plan:
             # The proxy asks for every Produce v10+ and Fetch v16+ response: when the
             # header is a correlation id and (v1) an empty tag section, the body's C
@@ -310,8 +309,17 @@ class Codec:
         key = (api_key, api_version)
         plan = self._tag_scans.get(key, _UNSET)
         if plan is _UNSET:
-            plan = self._tag_scans[key] = self._tag_scan(api_key, api_version)
+            plan = self._remember_tag_scan(key)
         return None if plan is None else (self._body_scans[key], plan)
+
+    def _remember_tag_scan(self, key: tuple[int, int]) -> int | None:
+        """``_tag_scan`` of ``key``, kept for every pair a spec defines and at most
+        :data:`_CACHE_MAX` others (the pairs come from request headers, which a
+        client may fill with anything)."""
+        plan = self._tag_scan(*key)
+        if plan is not None or len(self._tag_scans) < _CACHE_MAX:
+            self._tag_scans[key] = plan
+        return plan
 
     def _tag_scan(self, api_key: int, api_version: int) -> int | None:
         """Where the body starts when the response header has no tags (4 for header

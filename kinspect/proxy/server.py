@@ -1289,8 +1289,10 @@ class _ClientSide(asyncio.Protocol):
                         if conn.tracker.produce_acks(data, api_version, 4) != 0:
                             apis[corr] = chk
                     elif chk is not None:
-                        # (an acks=0 Produce's entry is never taken by an answer,
-                        # and goes at the next settle: Acks is not read here)
+                        # (Acks is not read here: an answer to an acks=0 Produce,
+                        # which some brokers send, is told apart by the tracker
+                        # before it is decoded, in _UpstreamSide.data_received; the
+                        # entry goes at the next settle)
                         apis[corr] = chk
                 proxy.pipeline.kick()  # as client_data does
                 return
@@ -1396,16 +1398,25 @@ class _UpstreamSide(asyncio.Protocol):
                         tr.write(data)
                 else:
                     scan = api[2]
-                    if scan is not None and n > scan[1] and (scan[1] == 8 or data[8] == 0):
+                    if (scan is not None and n > scan[1] and (scan[1] == 8 or data[8] == 0)
+                            and type(data) is bytes):
                         # KIP-951 tags looked for in place (Proxy.response_check):
                         # the header has no tags, the body scans to the frame's end
                         got = _scan_tags(scan[0], data, scan[1], n)
                         if got is not None and got[0] == n and scan[2].isdisjoint(got[1]):
                             outcome = _SCANNED
-                    if outcome is None:
+                    if outcome is None and api[0] == PRODUCE:
+                        # to be decoded, and its request's Acks was not read: the
+                        # tracker tells whether it expects this answer (an acks=0
+                        # Produce does not; some brokers answer it all the same, and
+                        # such an answer is forwarded as read, as on the long path)
+                        proxy.settle()
+                        flow = conn._to_rewrite(corr)
+                        api = None if flow is None else (flow.api_key, flow.api_version)
+                    if api is not None and outcome is None:
                         sent, outcome = conn._rewrite_frame(api[0], api[1], data[4:])
                     if not tr.is_closing():
-                        if outcome[0] != _REWRITTEN:
+                        if outcome is None or outcome[0] != _REWRITTEN:
                             tr.write(data)
                         else:
                             tr.writelines((_SIZE(len(sent)), sent))
