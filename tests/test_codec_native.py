@@ -493,6 +493,22 @@ def test_no_half_built_list_is_visible_to_python_code():
     assert end == len(buf) and len(value.Ids) == 50 and seen
 
 
+def _flexible_responses(c):
+    """(api_key, version, response header version, body class) of every flexible
+    response version of ``c``'s specs but ApiVersions (whose refusals may carry a v0
+    body)."""
+    from kinspect.codec.values import struct_class
+
+    for api_key in sorted(c.registry.api_keys()):
+        spec = c.registry.response(api_key)
+        if spec is None or api_key == 18:
+            continue
+        cls = struct_class(spec.struct)
+        for version in range(spec.valid_versions.lowest, spec.valid_versions.highest + 1):
+            if spec.is_flexible(version):
+                yield api_key, version, c.response_header_version(api_key, version), cls
+
+
 def test_response_tags_through_cached_c_scans_agree_with_the_layered_path(monkeypatch):
     """``Codec.response_top_level_tags`` (the proxy's KIP-951 check of every Produce
     v10+ and Fetch v16+ response) runs the body's C scan straight when the response
@@ -504,7 +520,6 @@ def test_response_tags_through_cached_c_scans_agree_with_the_layered_path(monkey
     from kinspect.codec import Codec
     from kinspect.codec.protocol import Response
     from kinspect.codec.registry import MessageCodec, _native_scan
-    from kinspect.codec.values import struct_class
 
     c = Codec()
     layered = MessageCodec.top_level_tags
@@ -517,35 +532,27 @@ def test_response_tags_through_cached_c_scans_agree_with_the_layered_path(monkey
         raise AssertionError("the layered path ran")
 
     checked = 0
-    for api_key in sorted(c.registry.api_keys()):
-        spec = c.registry.response(api_key)
-        if spec is None or api_key == 18:
-            continue
-        cls = struct_class(spec.struct)
-        for version in range(spec.valid_versions.lowest, spec.valid_versions.highest + 1):
-            if not spec.is_flexible(version):
-                continue
-            hv = c.response_header_version(api_key, version)
-            for body in (cls(), cls(unknown_tags={7: b"t", 900: b""})):
-                frame = c.encode_response(Response(api_key, version, 9, hv, None, body, 0,
-                                                   "", version))
-                want = expected(frame, api_key, version, hv)
-                if _native_scan is not None:  # the C scan alone answers
-                    with monkeypatch.context() as m:
-                        m.setattr(MessageCodec, "top_level_tags", fast_only)
-                        assert c.response_top_level_tags(frame, api_key, version) == want
-                assert c.response_top_level_tags(frame, api_key, version) == want
-                if hv == 1:  # header tags: the header's decoder decides
-                    tagged = frame[:4] + b"\x01\x05\x01x" + frame[5:]
-                    assert c.response_top_level_tags(tagged, api_key, version) == \
-                        expected(tagged, api_key, version, hv)
-                    disorder = frame[:4] + b"\x02\x05\x01x\x03\x01y" + frame[5:]
-                    with pytest.raises(DecodeError):
-                        c.response_top_level_tags(disorder, api_key, version)
-                for bad in (frame[:-1], frame + b"\x00"):  # truncated; a trailing byte
-                    with pytest.raises(DecodeError):
-                        c.response_top_level_tags(bad, api_key, version)
-                checked += 1
+    for api_key, version, hv, cls in _flexible_responses(c):
+        for body in (cls(), cls(unknown_tags={7: b"t", 900: b""})):
+            frame = c.encode_response(Response(api_key, version, 9, hv, None, body, 0,
+                                               "", version))
+            want = expected(frame, api_key, version, hv)
+            if _native_scan is not None:  # the C scan alone answers
+                with monkeypatch.context() as m:
+                    m.setattr(MessageCodec, "top_level_tags", fast_only)
+                    assert c.response_top_level_tags(frame, api_key, version) == want
+            assert c.response_top_level_tags(frame, api_key, version) == want
+            if hv == 1:  # header tags: the header's decoder decides
+                tagged = frame[:4] + b"\x01\x05\x01x" + frame[5:]
+                assert c.response_top_level_tags(tagged, api_key, version) == \
+                    expected(tagged, api_key, version, hv)
+                disorder = frame[:4] + b"\x02\x05\x01x\x03\x01y" + frame[5:]
+                with pytest.raises(DecodeError):
+                    c.response_top_level_tags(disorder, api_key, version)
+            for bad in (frame[:-1], frame + b"\x00"):  # truncated; a trailing byte
+                with pytest.raises(DecodeError):
+                    c.response_top_level_tags(bad, api_key, version)
+            checked += 1
     assert checked > 100
 
 
@@ -555,12 +562,11 @@ def test_response_tag_scanner_finds_the_tags_of_a_frame_in_a_larger_buffer():
     no copy. For every flexible response version of the default specs, with and
     without body tags, the scan of the frame inside a larger buffer ends at the
     frame's end with the tags the layered path finds; in a window a byte short it
-    does not scan, and in one a byte long it ends where the frame does. ApiVersions (whose refusals may carry a v0
-    body) and versions no spec defines get no scanner; nothing does without the C
-    extension."""
+    does not scan, and in one a byte long it ends where the frame does. ApiVersions
+    (whose refusals may carry a v0 body) and versions no spec defines get no
+    scanner; nothing does without the C extension."""
     from kinspect.codec import Codec
     from kinspect.codec.protocol import Response, scan_tags
-    from kinspect.codec.values import struct_class
 
     c = Codec()
     if NATIVE is None:  # (KINSPECT_NATIVE=0)
@@ -569,32 +575,24 @@ def test_response_tag_scanner_finds_the_tags_of_a_frame_in_a_larger_buffer():
     assert c.response_tag_scanner(18, 3) is None
     assert c.response_tag_scanner(0, 10_000) is None and c.response_tag_scanner(9999, 0) is None
     checked = 0
-    for api_key in sorted(c.registry.api_keys()):
-        spec = c.registry.response(api_key)
-        if spec is None or api_key == 18:
-            continue
-        cls = struct_class(spec.struct)
-        for version in range(spec.valid_versions.lowest, spec.valid_versions.highest + 1):
-            if not spec.is_flexible(version):
-                continue
-            hv = c.response_header_version(api_key, version)
-            found = c.response_tag_scanner(api_key, version)
-            assert found is not None, (api_key, version)
-            program, offset = found
-            assert offset == (4 if hv == 0 else 5)
-            for body in (cls(), cls(unknown_tags={7: b"t", 900: b""})):
-                frame = c.encode_response(Response(api_key, version, 9, hv, None, body, 0,
-                                                   "", version))
-                want = c.response_top_level_tags(frame, api_key, version)
-                buf = b"\x00\x00\x01\x00" + frame + b"\x00\x07"
-                end = 4 + len(frame)
-                got = scan_tags(program, buf, 4 + offset, end)
-                assert got is not None and got[0] == end and frozenset(got[1]) == want
-                # a byte short: the body does not scan; a byte long: it ends before
-                assert scan_tags(program, buf, 4 + offset, end - 1) is None
-                got = scan_tags(program, buf, 4 + offset, end + 1)
-                assert got is not None and got[0] == end, (api_key, version)
-                checked += 1
+    for api_key, version, hv, cls in _flexible_responses(c):
+        found = c.response_tag_scanner(api_key, version)
+        assert found is not None, (api_key, version)
+        program, offset = found
+        assert offset == (4 if hv == 0 else 5)
+        for body in (cls(), cls(unknown_tags={7: b"t", 900: b""})):
+            frame = c.encode_response(Response(api_key, version, 9, hv, None, body, 0,
+                                               "", version))
+            want = c.response_top_level_tags(frame, api_key, version)
+            buf = b"\x00\x00\x01\x00" + frame + b"\x00\x07"
+            end = 4 + len(frame)
+            got = scan_tags(program, buf, 4 + offset, end)
+            assert got is not None and got[0] == end and frozenset(got[1]) == want
+            # a byte short: the body does not scan; a byte long: it ends before
+            assert scan_tags(program, buf, 4 + offset, end - 1) is None
+            got = scan_tags(program, buf, 4 + offset, end + 1)
+            assert got is not None and got[0] == end, (api_key, version)
+            checked += 1
     assert checked > 100
     # versions from request headers, which a client fills with anything: remembered
     # for at most a bounded number of pairs no spec defines
