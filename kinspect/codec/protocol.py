@@ -260,18 +260,15 @@ class Codec:
         Raises:
             DecodeError: malformed frame, or no spec for the api key/version.
         """
-        plan = self._tag_scans.get((api_key, api_version), _UNSET)
-        if plan is _UNSET:
-            plan = self._remember_tag_scan((api_key, api_version))
-        if plan is not None and type(frame) is bytes and len(frame) > plan:
-            # The proxy asks for every Produce v10+ and Fetch v16+ response: when the
-            # header is a correlation id and (v1) an empty tag section, the body's C
-            # scan straight, which is what the steps below do then; anything else
-            # (header tags, which the header's decoder checks, a body the scan does
-            # not accept) is left to them.
+        found = self._scanner(api_key, api_version)
+        if found is not None and type(frame) is bytes and len(frame) > found[1]:
+            # When the header is a correlation id and (v1) an empty tag section, the
+            # body's C scan straight, which is what the steps below do then; anything
+            # else (header tags, which the header's decoder checks, a body the scan
+            # does not accept) is left to them.
+            program, plan = found
             if plan == 4 or frame[4] == 0:
-                got = _native_scan(self._body_scans[(api_key, api_version)], frame, plan,
-                                   len(frame))
+                got = _native_scan(program, frame, plan, len(frame))
                 if got is not None and got[0] == len(frame):
                     return frozenset(got[1])
         hv = self.response_header_version(api_key, api_version)
@@ -299,27 +296,25 @@ class Codec:
         ``offset`` is where the body starts in the frame (without size prefix) when
         the response header carries no tagged fields: 4 (header v0: a correlation
         id), or 5 (header v1: also its tag section, which must then be the single
-        byte 0). :data:`scan_tags` ``(program, buf, start + offset, end)`` walks the body of
-        the frame at ``buf[start:end]`` building nothing, and returns ``(end offset,
-        [top-level tag numbers])``, or ``None`` when the body does not scan (the
-        caller's cue to fall back to :meth:`response_top_level_tags`, which says
-        why). The scan's end offset must equal ``end``: anything else is a frame
-        with bytes after its body. Tagged fields: KIP-482; response headers: the
-        protocol guide."""
+        byte 0). :data:`scan_tags` ``(program, buf, start + offset, end)`` walks the
+        body of the frame at ``buf[start:end]`` building nothing, and returns ``(end
+        offset, [top-level tag numbers])``, or ``None`` when the body does not scan
+        (the caller's cue to fall back to :meth:`response_top_level_tags`, which
+        says why). The scan's end offset must equal ``end``: anything else is a
+        frame with bytes after its body. Tagged fields: KIP-482; response headers:
+        the protocol guide."""
+        return self._scanner(api_key, api_version)
+
+    def _scanner(self, api_key: int, api_version: int) -> tuple[Any, int] | None:
         key = (api_key, api_version)
         plan = self._tag_scans.get(key, _UNSET)
         if plan is _UNSET:
-            plan = self._remember_tag_scan(key)
+            plan = self._tag_scan(api_key, api_version)
+            # (kept for every pair with a scan, and at most _CACHE_MAX others: the
+            # pairs come from frame headers, which may hold anything)
+            if plan is not None or len(self._tag_scans) < _CACHE_MAX:
+                self._tag_scans[key] = plan
         return None if plan is None else (self._body_scans[key], plan)
-
-    def _remember_tag_scan(self, key: tuple[int, int]) -> int | None:
-        """``_tag_scan`` of ``key``, kept for every pair a spec defines and at most
-        :data:`_CACHE_MAX` others (the pairs come from request headers, which a
-        client may fill with anything)."""
-        plan = self._tag_scan(*key)
-        if plan is not None or len(self._tag_scans) < _CACHE_MAX:
-            self._tag_scans[key] = plan
-        return plan
 
     def _tag_scan(self, api_key: int, api_version: int) -> int | None:
         """Where the body starts when the response header has no tags (4 for header

@@ -1385,7 +1385,8 @@ class _UpstreamSide(asyncio.Protocol):
                 # is unsettled (conn.apis) or with the tracker (_to_rewrite).
                 apis = conn.apis
                 api = apis.pop(corr, _UNSET) if apis else _UNSET
-                if api is _UNSET:
+                paired = api is _UNSET  # (its request is with the tracker already)
+                if paired:
                     api = None
                     if conn.tracker.pending:
                         flow = conn._to_rewrite(corr)
@@ -1405,7 +1406,7 @@ class _UpstreamSide(asyncio.Protocol):
                         got = _scan_tags(scan[0], data, scan[1], n)
                         if got is not None and got[0] == n and scan[2].isdisjoint(got[1]):
                             outcome = _SCANNED
-                    if outcome is None and api[0] == PRODUCE:
+                    if outcome is None and not paired and api[0] == PRODUCE:
                         # to be decoded, and its request's Acks was not read: the
                         # tracker tells whether it expects this answer (an acks=0
                         # Produce does not; some brokers answer it all the same, and
