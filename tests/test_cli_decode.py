@@ -9,11 +9,13 @@ import json
 import struct
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from kinspect.cli import main
 from kinspect.codec import Codec, Request, Response
+from kinspect.codec.errors import EncodeError
 
 CODEC = Codec()
 REG = CODEC.registry
@@ -221,6 +223,33 @@ def test_jsonl_decode_then_encode_reproduces_the_lines(tmp_path, capsys, gz):
     assert main(["encode", "--jsonl", str(dec), "-o", str(enc)]) == 0
     assert "5 frames, 0 errors" in capsys.readouterr().err
     assert enc.read_text() == text
+
+
+def test_jsonl_decode_then_encode_reproduces_a_real_capture(tmp_path, capsys):
+    # captures/example.jsonl was recorded by kinspect between librdkafka and Tansu: its
+    # ApiVersions v4 answers carry known tagged fields at their default values
+    # (FinalizedFeaturesEpoch -1 ...), which the encoder leaves out unless told
+    # they were on the wire
+    src = Path(__file__).resolve().parents[1] / "captures" / "example.jsonl"
+    lines = [json.loads(x) for x in src.read_text().splitlines()]
+    dec, enc = tmp_path / "dec.jsonl", tmp_path / "enc.jsonl"
+    assert main(["decode", "--jsonl", str(src), "-o", str(dec)]) == 0
+    assert main(["encode", "--jsonl", str(dec), "-o", str(enc)]) == 0
+    assert "0 errors" in capsys.readouterr().err
+    assert [json.loads(x) for x in enc.read_text().splitlines()] == lines
+    decoded = [json.loads(x) for x in dec.read_text().splitlines()]
+    present = [d["decoded"]["body"]["_present_tags"] for d in decoded
+               if d.get("decoded", {}).get("api") == "ApiVersions"
+               and d["dir"] == "resp" and d["decoded"]["api_version"] >= 3]
+    assert present and all(p == [0, 1, 2, 3] for p in present), present
+
+
+def test_present_tags_in_a_dict_are_checked():
+    rs = REG.codec("ApiVersionsResponse")
+    assert rs.cls.from_dict({"_present_tags": [1]})._present == frozenset({1})
+    for bad in ([7], ["1"], 1):
+        with pytest.raises(EncodeError, match="_present_tags"):
+            rs.cls.from_dict({"_present_tags": bad})
 
 
 def test_jsonl_on_stdin_and_stdout():

@@ -89,6 +89,7 @@ def _check_round_trip(reg: SpecRegistry, name: str, version: int, value) -> None
     assert bytes(out) == raw
     # plain dicts round-trip too
     assert codec.cls.from_dict(back.to_dict()) == back
+    assert codec.encode(codec.cls.from_dict(back.to_dict()), version) == raw
     # the scanner (no objects built) finds the same end and top-level tags
     assert codec.top_level_tags(raw, version) == _top_level_tags(codec.spec, version, back)
 

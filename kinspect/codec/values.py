@@ -111,13 +111,19 @@ class Struct:
 
         bytes and records become base64 strings, uuids Kafka's text form (URL-safe
         base64), nested structs dicts; unknown tagged fields appear under
-        ``"_unknown_tags"`` as ``{"tag": "hex"}``. :meth:`from_dict` reverses it.
+        ``"_unknown_tags"`` as ``{"tag": "hex"}``, and the tags of known tagged fields
+        that were on the wire at their default value (which the encoder would
+        otherwise leave out, KIP-482) under ``"_present_tags"`` as a sorted list of
+        ints. :meth:`from_dict` reverses it, so the struct encodes to the same bytes.
         """
         out: dict[str, Any] = {}
         for f in self._spec.fields:
             out[f.name] = _to_plain(f, getattr(self, f.name))
         if self._unknown:
             out["_unknown_tags"] = {str(t): bytes(b).hex() for t, b in self._unknown.items()}
+        present = getattr(self, "_present", None)  # the C decoder may leave it unset
+        if present:
+            out["_present_tags"] = sorted(present)
         return out
 
     @classmethod
@@ -135,11 +141,26 @@ class Struct:
             if key == "_unknown_tags":
                 obj._unknown = {int(t): bytes.fromhex(h) for t, h in (val or {}).items()} or None
                 continue
+            if key == "_present_tags":
+                obj._present = _present_tags(cls, val)
+                continue
             if key not in known:
                 raise EncodeError(f"{cls.__name__} has no field {key!r}")
             f = cls._spec.field(key)
             setattr(obj, key, _from_plain(f, val, f"{cls.__name__}.{key}"))
         return obj
+
+
+def _present_tags(cls: type, val: Any) -> frozenset[int] | None:
+    """``"_present_tags"`` of :meth:`Struct.from_dict`: the tags of ``cls``'s known
+    tagged fields, checked."""
+    if val is None:
+        return None
+    known = {f.tag for f in cls._spec.fields if f.tag is not None}
+    if not isinstance(val, list) or not all(type(t) is int and t in known for t in val):
+        raise EncodeError(f"{cls.__name__}._present_tags must be a list of the tags of its "
+                          f"tagged fields {sorted(known)}, got {val!r}")
+    return frozenset(val) or None
 
 
 def copy_value(v: Any) -> Any:
