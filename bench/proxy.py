@@ -21,6 +21,12 @@ workload (confluent-kafka, acks=1, linger.ms=5) in each mode:
 ``kinspect-capture``, ``kinspect-view`` (only with ``--modes``)
     kinspect-full with only one of its two extras: capture without the live view,
     the live view without capture; they split kinspect-full's cost between them.
+``tansu-proxy``, ``haproxy`` (peers, only with ``--modes``)
+    other proxies on the same path: ``tansu proxy``, the Kafka proxy (Rust) shipped
+    in the Tansu binary the broker comes from (it advertises its own address in
+    Metadata); HAProxy in TCP mode, one thread (C; byte forwarding like
+    ``forwarder``, so Tansu advertises its address; needs the ``haproxy`` binary,
+    e.g. ``apt-get install haproxy``: the run stops with a message without it).
 
 Every measurement uses a fresh broker, a fresh proxy process and a fresh client
 process: broker, proxy and clients are separate processes. The workload, per
@@ -69,6 +75,7 @@ import asyncio
 import json
 import os
 import platform
+import shutil
 import signal
 import socket
 import statistics
@@ -84,8 +91,13 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 MODES = ("direct", "forwarder", "kinspect", "kinspect-full")
-ALL_MODES = MODES + ("kinspect-nodecode", "kinspect-norewrite", "kinspect-capture",
-                     "kinspect-view")
+KINSPECT_MODES = ("kinspect", "kinspect-full", "kinspect-nodecode", "kinspect-norewrite",
+                  "kinspect-capture", "kinspect-view")
+#: other proxies, measured on the same path (``--modes``)
+PEERS = ("tansu-proxy", "haproxy")
+ALL_MODES = MODES + KINSPECT_MODES[2:] + PEERS
+#: modes whose latency is compared with the forwarder's
+COMPARED = KINSPECT_MODES + PEERS
 SMALL, LARGE = 100, 10 * 1024
 BLOCK_START = "<!-- bench/proxy.py results: start -->"
 BLOCK_END = "<!-- bench/proxy.py results: end -->"
@@ -135,12 +147,59 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _peer_command(mode: str, upstream: str, listen_port: int, workdir: Path) -> list[str]:
+    """The command line of a peer proxy (:data:`PEERS`) listening on ``listen_port``."""
+    if mode == "tansu-proxy":
+        from kinspect.brokers import TansuBroker
+
+        url = f"tcp://127.0.0.1:{listen_port}"
+        return [str(TansuBroker.binary()), "proxy", "--listener-url", url,
+                "--advertised-listener-url", url, "--origin-url", f"tcp://{upstream}"]
+    exe = shutil.which("haproxy")
+    if exe is None:
+        raise RuntimeError("the haproxy mode needs the haproxy binary on PATH "
+                           "(Debian: apt-get install haproxy)")
+    cfg = workdir / f"haproxy-{listen_port}.cfg"
+    cfg.write_text("global\n  nbthread 1\n  maxconn 4096\n"
+                   "defaults\n  mode tcp\n  timeout connect 5s\n  timeout client 1h\n"
+                   "  timeout server 1h\n"
+                   f"listen kafka\n  bind 127.0.0.1:{listen_port}\n"
+                   f"  server broker {upstream}\n")
+    return [exe, "-db", "-f", str(cfg)]
+
+
+def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 15.0) -> bool:
+    """Whether ``127.0.0.1:port`` accepts a connection within ``timeout`` seconds
+    (``False`` at once when ``proc`` exits)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
 class ProxyProcess:
-    """A proxy (forwarder or kinspect) in its own process; ``None`` mode = direct."""
+    """A proxy (forwarder, kinspect or a peer) in its own process; ``None`` mode =
+    direct."""
 
     def __init__(self, mode: str, upstream: str, listen_port: int, workdir: Path):
         self.mode = mode
         self.stats: dict[str, Any] = {}
+        self.err_path = workdir / f"{mode}.stderr"
+        if mode in PEERS:
+            self.proc = subprocess.Popen(_peer_command(mode, upstream, listen_port, workdir),
+                                         stdout=subprocess.DEVNULL,
+                                         stderr=open(self.err_path, "wb"),
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            if not _wait_listening(listen_port, self.proc):
+                self.stop()
+                raise RuntimeError(f"{mode} did not start listening on port {listen_port}:\n"
+                                   f"{self.err_path.read_text(errors='replace')[-3000:]}")
+            self.address = f"127.0.0.1:{listen_port}"
+            return
         if mode == "forwarder":
             cmd = [sys.executable, str(HERE / "forwarder.py"), "--upstream", upstream,
                    "--listen", f"127.0.0.1:{listen_port}"]
@@ -150,7 +209,6 @@ class ProxyProcess:
                    "--capture", str(workdir / f"bench-{mode}.jsonl")]
             if os.environ.get("KINSPECT_BENCH_PROFILE"):
                 cmd += ["--profile", os.environ["KINSPECT_BENCH_PROFILE"] + f".{mode}"]
-        self.err_path = workdir / f"{mode}.stderr"
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(self.err_path, "wb"),
                                      stdin=subprocess.DEVNULL, start_new_session=True, text=True)
         line = self.proc.stdout.readline()
@@ -172,7 +230,7 @@ class ProxyProcess:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             out, _ = self.proc.communicate()
-        for line in (out or "").splitlines():
+        for line in (out or "").splitlines() if isinstance(out, str) else ():
             if line.startswith("{"):
                 self.stats = json.loads(line)
 
@@ -186,7 +244,8 @@ class Setup:
         self.mode = mode
         self.proxy: ProxyProcess | None = None
         listen_port = free_port()
-        advertised = (f"127.0.0.1:{listen_port}" if mode in ("forwarder", "kinspect-norewrite")
+        advertised = (f"127.0.0.1:{listen_port}"
+                      if mode in ("forwarder", "kinspect-norewrite", "haproxy")
                       else None)
         self.broker = TansuBroker(advertised=advertised).start()
         try:
@@ -575,7 +634,7 @@ def _interleaved_latency(modes: list[str], n: int, warmup: int,
         srt = sorted(v)
         out[m] = {"p50": statistics.median(v), "p99": srt[min(len(v) - 1, int(len(v) * 0.99))],
                   "n": len(v)}
-        if fwd is not None and m.startswith("kinspect"):
+        if fwd is not None and m in COMPARED:
             out[m]["d_vs_fwd"] = statistics.median(a - b for a, b in zip(v, fwd))
     return out
 
@@ -686,7 +745,7 @@ def report(data: dict[str, Any]) -> str:
     for m in modes:
         r = med[m]
         p50 = f"{r['lat_p50']:.0f}"
-        if fwd is not None and m.startswith("kinspect"):
+        if fwd is not None and m in COMPARED:
             # median of the per-round differences (each round runs every mode)
             diffs = [a["latency_us"]["p50"] - b["latency_us"]["p50"]
                      for a, b in zip(data["raw"][m], data["raw"]["forwarder"])]
@@ -794,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="kinspect proxy benchmark")
     sub = ap.add_subparsers(dest="cmd")
     sv = sub.add_parser("serve", help="(internal) run kinspect as the proxy under test")
-    sv.add_argument("--mode", choices=ALL_MODES[2:], required=True)
+    sv.add_argument("--mode", choices=KINSPECT_MODES, required=True)
     sv.add_argument("--upstream", required=True)
     sv.add_argument("--listen", required=True)
     sv.add_argument("--capture", required=True)
