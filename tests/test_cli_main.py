@@ -95,3 +95,32 @@ def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
     assert proc.returncode == 0, err
     assert "Metadata v12 corr=5" in out
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("why", ["filter", "rules", "port"])
+def test_proxy_start_up_failure_leaves_an_existing_capture_alone(tmp_path, why):
+    """A start-up that fails before any traffic (bad filter, bad rules, listen port
+    in use) neither truncates the capture named by --capture nor leaves its writer
+    behind (the child would report a broken pipe once the proxy is gone)."""
+    from pathlib import Path
+
+    capture = tmp_path / "keep.jsonl"
+    example = Path(__file__).resolve().parents[1] / "captures" / "example.jsonl"
+    capture.write_bytes(example.read_bytes())
+    before = capture.read_bytes()
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        listen = "127.0.0.1:%d" % busy.getsockname()[1] if why == "port" else "127.0.0.1:0"
+        extra = {"filter": ["--filter", "~bogus"], "rules": ["--inject", "bogus"],
+                 "port": []}[why]
+        proc = run("proxy", "--upstream", "127.0.0.1:1", "--listen", listen, "--capture",
+                   str(capture), "--no-tui", *extra)
+    finally:
+        busy.close()
+    assert proc.returncode == 1, proc.stderr
+    assert "kinspect: error:" in proc.stderr
+    assert "Broken pipe" not in proc.stderr and "capture process" not in proc.stderr, proc.stderr
+    assert capture.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl"]
