@@ -12,7 +12,11 @@ the recording (``None``: as fast as the ordering allows).
 Each request gets a fresh correlation id, mapped back to its recorded flow. Every
 new response is compared with the recorded one through the codec
 (:func:`diff_structs`): same api and version, error codes, and a structural diff of
-the decoded bodies; ``records`` fields are compared record by record. Differences
+the decoded bodies; arrays whose elements have a ``mapKey`` (topics by name, apis by
+key...) are compared element by element with the same key, wherever it sits, and an
+element only one side has is reported as missing or extra (elements left over on both
+sides are then compared by position); ``records`` fields are compared record by
+record. Differences
 in volatile fields (broker clocks, node ids and addresses, member/producer/session
 ids, epochs, topic ids...; :data:`DEFAULT_IGNORE`, extensible with
 :class:`IgnoreRules` patterns) are kept apart as *ignored*.
@@ -20,7 +24,8 @@ ids, epochs, topic ids...; :data:`DEFAULT_IGNORE`, extensible with
 Stateful flows: values the broker hands out and the client sends back (member id
 from JoinGroup, generation id, producer id and epoch from InitProducerId, the
 fetch session id from Fetch, topic ids; :data:`MAPPED_FIELDS`) are learned by
-comparing recorded and new responses, and the recorded value is replaced by the new
+comparing recorded and new responses (in keyed arrays only between elements with the
+same key: a topic id from the topic of the same name), and the recorded value is replaced by the new
 one in later requests (through the codec; producer ids inside record batches are
 patched and the batch CRC-32C recomputed). A request carrying such a value that was
 handed out in the recording but not again in the replay is reported as *unmapped*.
@@ -247,18 +252,53 @@ def _plain(f: FieldSpec | None, v: Any) -> Any:
     return v
 
 
-def _align(f: FieldSpec, a: list, b: list) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """Pair the elements of two struct arrays: by their ``mapKey`` fields when both
-    sides hold the same keys (reordering), else by index."""
+def _map_key(x: Struct, keys: list[str]) -> Any:
+    k = tuple(_key(getattr(x, n)) for n in keys)
+    try:
+        hash(k)
+    except TypeError:
+        return repr(k)
+    return k
+
+
+def _align(f: FieldSpec, a: list, b: list, leftovers: bool = True
+           ) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """Pair the elements of two struct arrays.
+
+    Where the element struct has ``mapKey`` fields (a topic by its name, an api by
+    its key), elements with the same key on both sides are paired whatever their
+    positions (the k-th of a repeated key with the k-th); the others are left over.
+    With ``leftovers``, what is left over on both sides is then paired by position
+    among itself (e.g. brokers whose node ids differ, a volatile key); without, it
+    stays unpaired. Arrays without ``mapKey`` pair by position.
+
+    Returns:
+        ``(pairs, only_a, only_b)``: ``(index in a, index in b)`` in ``a``'s order,
+        and the indices of the elements of ``a`` (missing from ``b``) and of ``b``
+        (extra) that have no partner.
+    """
     keys = [g.name for g in f.struct.fields if g.map_key] if f.struct is not None else []
-    if keys:
-        ka = [tuple(getattr(x, k) for k in keys) for x in a]
-        kb = [tuple(getattr(x, k) for k in keys) for x in b]
-        if sorted(map(repr, ka)) == sorted(map(repr, kb)) and len(set(map(repr, ka))) == len(ka):
-            pos = {repr(k): i for i, k in enumerate(kb)}
-            return [(i, pos[repr(k)]) for i, k in enumerate(ka)], [], []
-    n = min(len(a), len(b))
-    return [(i, i) for i in range(n)], list(range(n, len(a))), list(range(n, len(b)))
+    if not keys:
+        n = min(len(a), len(b))
+        return [(i, i) for i in range(n)], list(range(n, len(a))), list(range(n, len(b)))
+    free: dict[Any, list[int]] = {}
+    for j, x in enumerate(b):
+        free.setdefault(_map_key(x, keys), []).append(j)
+    pairs: list[tuple[int, int]] = []
+    only_a: list[int] = []
+    for i, x in enumerate(a):
+        q = free.get(_map_key(x, keys))
+        if q:
+            pairs.append((i, q.pop(0)))
+        else:
+            only_a.append(i)
+    only_b = sorted(j for q in free.values() for j in q)
+    if leftovers:
+        n = min(len(only_a), len(only_b))
+        pairs.extend(zip(only_a[:n], only_b[:n]))
+        only_a, only_b = only_a[n:], only_b[n:]
+        pairs.sort()
+    return pairs, only_a, only_b
 
 
 def diff_structs(a: Struct, b: Struct, api: str, rules: IgnoreRules, out: list[Diff] | None = None,
@@ -450,8 +490,13 @@ class IdMapper:
                     notes.append(f"learned {kind} {_show(va)} -> {_show(vb)}")
             elif f.struct is not None and va is not None and vb is not None:
                 if f.is_array:
-                    pairs, _, _ = _align(f, va, vb)
+                    # by key only: a topic id is learned from the same topic name,
+                    # never from whatever topic happens to sit at the same position
+                    pairs, _, _ = _align(f, va, vb, leftovers=False)
+                    keys = [g.name for g in f.struct.fields if g.map_key]
                     for i, j in pairs:
+                        if keys and all(getattr(va[i], k) in (None, "") for k in keys):
+                            continue  # no name to tell it by (e.g. a null topic name)
                         self._learn(va[i], vb[j], group, flow_id, notes)
                 else:
                     self._learn(va, vb, group, flow_id, notes)

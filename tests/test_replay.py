@@ -288,3 +288,64 @@ def test_redacted_authentication_is_skipped_with_a_reason(tmp_path, free_port):
                                   timeout=2, connect_timeout=2).run())
     [r] = report.results
     assert r.status == "skipped" and "redacted" in r.explanation
+
+
+def _response(api_key: int, **fields):
+    c = codec()
+    spec = c.registry.response(api_key)
+    return spec, c.registry.codec(spec).cls(**fields)
+
+
+def test_keyed_arrays_pair_by_key_and_report_extra_elements():
+    """ApiVersions' ApiKeys are keyed by ApiKey: a broker that knows one api more
+    differs by one extra element, not by every element after it."""
+    spec, _ = _response(18)
+    K = spec.struct.field("ApiKeys").struct.cls
+
+    def body(keys):
+        return _response(18, ErrorCode=0, ApiKeys=[K(ApiKey=k, MinVersion=0, MaxVersion=k + 1)
+                                                  for k in keys])[1]
+
+    rules = IgnoreRules(DEFAULT_IGNORE)
+    diffs = diff_structs(body([0, 1, 3, 8]), body([0, 1, 2, 3, 8]), "ApiVersions", rules)
+    assert [(d.path, d.kind, d.replayed["ApiKey"]) for d in diffs] == [("ApiKeys[2]", "extra", 2)]
+    diffs = diff_structs(body([0, 1, 3, 8]), body([8, 3, 0]), "ApiVersions", rules)
+    assert [(d.path, d.kind, d.recorded["ApiKey"]) for d in diffs] == [("ApiKeys[1]", "missing",
+                                                                       1)]
+    # the same keys in another order: no difference at all
+    assert diff_structs(body([0, 1, 3]), body([3, 0, 1]), "ApiVersions", rules) == []
+
+
+def test_keyed_leftovers_pair_by_position():
+    """Elements whose keys differ on both sides (another broker's node id) are still
+    compared field by field, so volatile keys stay ignored."""
+    spec, _ = _response(3)
+    B = spec.struct.field("Brokers").struct.cls
+    _, a = _response(3, Brokers=[B(NodeId=1, Host="a", Port=9092)], Topics=[])
+    _, b = _response(3, Brokers=[B(NodeId=0, Host="b", Port=9093)], Topics=[])
+    diffs = diff_structs(a, b, "Metadata", IgnoreRules(DEFAULT_IGNORE))
+    assert {d.path for d in diffs} == {"Brokers[0].NodeId", "Brokers[0].Host", "Brokers[0].Port"}
+    assert all(d.rule for d in diffs)
+
+
+def test_topic_ids_are_learned_by_topic_name():
+    """A replayed Metadata answer with one topic more must not map the recorded id of
+    "orders" to the id of whatever topic comes first."""
+    c = codec()
+    spec, _ = _response(3)
+    T = spec.struct.field("Topics").struct.cls
+    A, B, X = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
+    _, recorded = _response(3, Topics=[T(Name="orders", TopicId=A)])
+    _, replayed = _response(3, Topics=[T(Name="audit", TopicId=X), T(Name="orders", TopicId=B)])
+    mapper = IdMapper()
+    mapper.learn(recorded, replayed, None, 1)
+    fspec = c.registry.request(1)
+    F = c.registry.codec(fspec).cls
+    fetch = F(Topics=[fspec.struct.field("Topics").struct.cls(TopicId=A)])
+    mapper.rewrite(fetch)
+    assert fetch.Topics[0].TopicId == B
+    # a topic that is only on one side teaches nothing, even at the same position
+    _, other = _response(3, Topics=[T(Name="audit", TopicId=X)])
+    fresh = IdMapper()
+    assert fresh.learn(recorded, other, None, 1) == []
+    assert fresh.mapping == {}
