@@ -889,7 +889,10 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
     (after a successful SaslHandshake v0) pair in order, like the proxy does.
     Missing ``api_key``/``api_version``/``correlation_id`` are read from the frame
     header. Flows get ``redacted`` as a flag when a line was redacted; a request
-    without response on a connection that closed gets ``closed``.
+    without response on a connection that closed gets ``closed``; a response whose
+    request is not in the records (a later rotated part read alone, a capture
+    started mid-connection) gets ``unpaired``, keeps the api its line names, and has
+    an empty ``request``.
 
     Args:
         codec: decodes the flows (default spec search path when ``None``).
@@ -1016,8 +1019,9 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 api_key = rec.get("api_key", -1)
                 flow = new_flow(fid, rec, api_key, rec.get("api_version", -1), corr,
                                 "Unpaired" if api_key < 0 else codec.api_name(api_key), b"", ts)
-                if api_key < 0:
-                    flags.add(UNPAIRED)
+                # its request is not in the file (e.g. a later rotated part): named
+                # when the line says what it answers, flagged either way
+                flags.add(UNPAIRED)
             else:
                 pending.pop((conn, flow.correlation_id), None)
                 if flow in q:

@@ -75,7 +75,9 @@ class Flow:
 
     @property
     def latency_ns(self) -> int | None:
-        if self.response_ns is None:
+        """Request to response; ``None`` without a response, or without the request
+        (``unpaired``: there is nothing to measure from)."""
+        if self.response_ns is None or UNPAIRED in self.flags:
             return None
         return self.response_ns - self.request_ns
 

@@ -810,9 +810,14 @@ class Replayer:
             if f.response is not None and f.response_decoded is not None \
                     and f.response_decoded.body is not None:
                 self.mapper.record_issued(f.response_decoded.body, f.id)
-            if f.api_key < 0 or UNPAIRED in f.flags or SASL_TOKEN in f.flags:
-                r.explanation = ("not a Kafka request (raw SASL token, unpaired response or "
-                                 "malformed frame): not replayed")
+            if UNPAIRED in f.flags or not f.request:
+                r.explanation = ("a response whose request is not in the capture (e.g. a "
+                                 "later rotated part, or a capture started mid-connection): "
+                                 "not replayed")
+                continue
+            if f.api_key < 0 or SASL_TOKEN in f.flags:
+                r.explanation = "not a Kafka request (raw SASL token or malformed frame): " \
+                                "not replayed"
                 continue
             if select is not None and not select(f):
                 r.explanation = "not selected by the filter"

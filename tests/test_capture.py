@@ -976,3 +976,19 @@ def test_capture_process_used_on_a_second_event_loop_keeps_handing_on(tmp_path):
     finally:
         child.close()
     assert child.frames == 5 and child.lines == 6
+
+
+def test_response_without_its_request_is_unpaired(tmp_path):
+    """A later rotated part read alone starts with answers to requests of the part
+    before: those flows are flagged unpaired (and keep the api their line names)."""
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, metadata_flows(3))
+    lines = [x for x in lines_of(path) if not (x.get("flow") == 2 and x.get("dir") == "req")]
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    flows = load_capture(part, CODEC).flows
+    assert [(f.id, f.api_name, "unpaired" in f.flags) for f in flows] == [
+        (1, "Metadata", False), (2, "Metadata", True), (3, "Metadata", False)]
+    assert flows[1].request == b"" and flows[1].response_decoded.body.ClusterId == "c"
+    assert flows[1].latency_ns is None  # nothing to measure from
+    assert parse("~unpaired").matches(flows[1]) and not parse("~unpaired").matches(flows[0])

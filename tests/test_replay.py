@@ -349,3 +349,38 @@ def test_topic_ids_are_learned_by_topic_name():
     fresh = IdMapper()
     assert fresh.learn(recorded, other, None, 1) == []
     assert fresh.mapping == {}
+
+
+def test_response_without_its_request_is_not_replayed(tansu, tmp_path):
+    """A rotated part that starts with the answer to a request of the part before:
+    that flow is skipped with a reason, nothing is sent for it, the rest replays."""
+    from kinspect.capture import read_capture
+    from kinspect.codec.protocol import Response
+    from kinspect.flows import Flow
+
+    c = codec()
+    cls = c.response_codec(3).cls
+    flows = []
+    for fid, corr in ((1, 4), (2, 5)):
+        f = Flow(fid, 1, "127.0.0.1:5", tansu.bootstrap, 3, 12, corr, "Metadata",
+                 request_bytes(3, 12, corr, Topics=None), 10 * fid)
+        f.response = c.encode_response(Response(3, 12, corr, 1, None, cls(ClusterId="c"), 0, "",
+                                                12))
+        f.response_ns = 10 * fid + 5
+        flows.append(f)
+    whole = tmp_path / "whole.jsonl"
+    w = CaptureWriter(whole, c, upstream=tansu.bootstrap)
+    for f in flows:
+        w.on_request(f)
+        w.on_flow(f)
+    w.close()
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(json.dumps(r) + "\n" for r in read_capture(whole)
+                            if not (r.get("flow") == 1 and r.get("dir") == "req")))
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    report = asyncio.run(Replayer(c, load_flows(part, c), (host, int(port)), speed=None,
+                                  timeout=10).run())
+    by_id = {r.flow.id: r for r in report.results}
+    assert by_id[1].status == "skipped" and "request is not in the capture" in \
+        by_id[1].explanation
+    assert by_id[2].status not in ("skipped", "failed"), by_id[2].explanation
