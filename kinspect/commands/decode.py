@@ -24,6 +24,8 @@ re-encoded ``"frame"`` back, so decode then encode reproduces the input lines. A
 frame that fails to decode keeps its ``"frame"`` and gains an ``"error"`` object
 (DecodeError's ``error``, ``offset``, ``expected``, ``path``, ``api``, ``version``);
 the run goes on. Lines without a frame (capture session/conn lines) pass through.
+A ``.jsonl.gz`` cut short (its writer killed) is read up to the cut, then a warning
+says how many lines were read (as ``kinspect show`` does).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import io
 import json
 import struct
 import sys
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -332,7 +335,10 @@ def _response_type(codec: Any, args: argparse.Namespace) -> tuple[int, int]:
     return key, args.api_version
 
 
-def _lines(path: str) -> Iterator[str]:
+def _lines(path: str, verb: str = "decode") -> Iterator[str]:
+    """The lines of ``path`` (``-``: stdin), gzip or not. A gzip stream cut short (a
+    capture whose writer was killed) ends the lines with a warning on stderr, like
+    ``kinspect show``: the lines before the cut are all there is."""
     if path == "-":
         yield from sys.stdin
         return
@@ -341,7 +347,14 @@ def _lines(path: str) -> Iterator[str]:
         fh.seek(0)
         stream = gzip.open(fh, "rt", encoding="utf-8") if magic == b"\x1f\x8b" else \
             io.TextIOWrapper(fh, encoding="utf-8")
-        yield from stream
+        n = 0
+        try:
+            for line in stream:
+                n += 1
+                yield line
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            print(f"kinspect {verb}: warning: {path}: compressed data ends early ({e}); "
+                  f"the lines after {n} are lost", file=sys.stderr, flush=True)
 
 
 def _replace_key(d: dict, old: str, new: str, value: Any) -> dict:
@@ -374,7 +387,7 @@ def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
     out = _open_out(args.output)
     n = errors = 0
     try:
-        for lineno, line in enumerate(_lines(args.jsonl), 1):
+        for lineno, line in enumerate(_lines(args.jsonl, verb), 1):
             if not line.strip():
                 continue
             rec = _json_line(line, lineno, out)
