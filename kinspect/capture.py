@@ -23,7 +23,12 @@ shared by ``kinspect proxy --capture``, ``show``, ``export``, replay and analysi
 * connection lines: ``{"type": "conn", "event": "open"|"close", "ts_ns", "conn",
   "client", "upstream"}``.
 
-Readers ignore unknown ``type`` values and extra keys.
+Readers ignore unknown ``type`` values and extra keys. On frame and conn lines,
+``conn``, ``flow``, ``api_key``, ``api_version`` and ``correlation_id`` hold JSON
+integers when present and ``ts_ns`` an integer or ``null`` (not known, as when it is
+absent); any other value is a :class:`CaptureError` naming the file and line, for
+every reader (``show``, ``export``, ``replay``, ``serve``, ``analyze``; ``kinspect
+decode --jsonl`` makes such a line an error line).
 
 Writers: :class:`CaptureWriter` writes in-process (library use, tests);
 ``kinspect proxy --capture`` uses :class:`~kinspect.capture_process.CaptureProcess`,
@@ -787,6 +792,7 @@ def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             warnings.warn(f"{e}; torn last line skipped ({len(prev)} bytes)", CaptureWarning,
                           stacklevel=3)
             return
+        _check(rec, path, lineno)
         yield lineno, rec
 
 
@@ -797,7 +803,34 @@ def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
         raise CaptureError(f"not a JSON line ({e})", path, lineno) from None
     if not isinstance(rec, dict):
         raise CaptureError("a line is not a JSON object", path, lineno)
+    if not last:
+        _check(rec, path, lineno)
     return rec
+
+
+#: keys of frame and conn lines that must hold integers when present (``ts_ns`` may
+#: also be null: not known)
+_INT_KEYS = ("conn", "ts_ns", "flow", "api_key", "api_version", "correlation_id")
+
+
+def _bad_value(rec: dict[str, Any]) -> str | None:
+    """Why a frame or conn record cannot be used (a key that must hold an integer
+    holds something else), or ``None``."""
+    if rec.get("type", "frame") not in ("frame", "conn"):
+        return None
+    for key in _INT_KEYS:
+        v = rec.get(key)
+        if v is None and (key != "conn" or "conn" not in rec):
+            continue  # absent (or a null ts_ns, flow id...: not known)
+        if type(v) is not int:
+            return f"{key!r} must be an integer, got {json.dumps(v)}"
+    return None
+
+
+def _check(rec: dict[str, Any], path: Path, lineno: int) -> None:
+    why = _bad_value(rec)
+    if why is not None:
+        raise CaptureError(why, path, lineno)
 
 
 def read_capture(path: str | os.PathLike, *, parts: bool = True) -> Iterator[dict[str, Any]]:
@@ -899,7 +932,8 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         decode: decode request/response bodies (``decode_flow``).
 
     Raises:
-        CaptureError: a frame line without ``conn``/``dir``/``frame`` or with bad base64.
+        CaptureError: a frame line without ``conn``/``dir``/``frame``, with bad base64,
+            or with an id that is not an integer (see the module docstring).
     """
     from .proxy.pipeline import decode_flow
 
@@ -923,7 +957,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 fid = next_id
         else:
             next_id = max(next_id, fid)
-        conn = int(rec.get("conn", 0))
+        conn = rec.get("conn", 0)
         info = cap.conns.get(conn, {})
         f = Flow(fid, conn, rec.get("client") or info.get("client") or "",
                  rec.get("upstream") or info.get("upstream") or "",
@@ -934,12 +968,15 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
 
     for n, rec in enumerate(records, 1):
         typ = rec.get("type", "frame")
+        why = _bad_value(rec)
+        if why is not None:
+            raise CaptureError(f"{typ} record {n}: {why}")
         if typ == "session":
             if not cap.session:
                 cap.session = rec
             continue
         if typ == "conn":
-            c = cap.conns.setdefault(int(rec.get("conn", 0)), {})
+            c = cap.conns.setdefault(rec.get("conn", 0), {})
             c.setdefault("client", rec.get("client"))
             c.setdefault("upstream", rec.get("upstream"))
             c["open_ns" if rec.get("event") == "open" else "close_ns"] = rec.get("ts_ns")
@@ -951,9 +988,9 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         where = f"record {n}"
         frame = _decode_b64(rec, "frame", where) or b""
         sent = _decode_b64(rec, "frame_sent", where)
-        conn = int(rec["conn"])
+        conn = rec["conn"]
         direction = rec["dir"]
-        ts = int(rec.get("ts_ns", 0))
+        ts = rec.get("ts_ns") or 0
         flags = set(rec.get("flags") or ())
         if rec.get("redacted"):
             flags.add("redacted")

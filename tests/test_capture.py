@@ -992,3 +992,50 @@ def test_response_without_its_request_is_unpaired(tmp_path):
     assert flows[1].request == b"" and flows[1].response_decoded.body.ClusterId == "c"
     assert flows[1].latency_ns is None  # nothing to measure from
     assert parse("~unpaired").matches(flows[1]) and not parse("~unpaired").matches(flows[0])
+
+
+def _edited_example(tmp_path: Path, edit) -> Path:
+    """The example capture with ``edit(record)`` applied to every frame line."""
+    out = tmp_path / "edited.jsonl"
+    lines = []
+    for r in lines_of(EXAMPLE):
+        if r.get("type") == "frame":
+            edit(r)
+        lines.append(json.dumps(r) + "\n")
+    out.write_text("".join(lines))
+    return out
+
+
+@pytest.mark.parametrize("key,value", [("conn", "c1"), ("conn", None), ("conn", 1.5),
+                                       ("ts_ns", "yesterday"), ("flow", "7"),
+                                       ("api_key", True)])
+def test_a_frame_line_with_a_non_integer_id_is_an_error_naming_its_line(tmp_path, key, value,
+                                                                         capsys):
+    """Capture ids are JSON integers (as ``decode --jsonl`` also requires): another
+    value is a CaptureError naming the file and line, for every reader."""
+    path = _edited_example(tmp_path, lambda r: r.__setitem__(key, value))
+    with pytest.raises(CaptureError) as e:
+        load_capture(path, CODEC)
+    # line 3: the first frame line, after the session and conn lines
+    assert e.value.line == 3 and e.value.path == str(path) and key in str(e.value)
+    with pytest.raises(CaptureError, match="record 1"):  # records not from a file
+        flows_from_records([{"type": "frame", "dir": "req", "frame": "", "conn": 1, key: value}],
+                           CODEC)
+    pcap = str(tmp_path / "x.pcapng")
+    for argv in (["show", str(path)], ["export", str(path), "--pcapng", pcap],
+                 ["replay", str(path), "--upstream", "127.0.0.1:1"]):
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"{path}:3:" in err and "must be an integer" in err, err
+
+
+def test_a_null_ts_ns_means_not_known(tmp_path, capsys):
+    """``"ts_ns": null`` is read as an absent time stamp (other tools' captures need
+    only conn, dir and frame): show and export work."""
+    path = _edited_example(tmp_path, lambda r: r.__setitem__("ts_ns", None))
+    flows = load_capture(path, CODEC).flows
+    assert len(flows) == len(load_capture(EXAMPLE, CODEC).flows)
+    assert all(f.request_ns == 0 for f in flows)
+    assert cli.main(["show", str(path)]) == 0
+    assert cli.main(["export", str(path), "--pcapng", str(tmp_path / "x.pcapng")]) == 0
+    assert "Traceback" not in capsys.readouterr().err

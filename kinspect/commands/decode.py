@@ -16,9 +16,10 @@ Batch (logs, captures)::
 
 Input lines are ``{"conn": ..., "dir": "req"|"resp", "frame": "<base64, no size
 prefix>", ...}``; capture files (kinspect's capture format, ``.jsonl`` or
-``.jsonl.gz``) are a superset and work as they are. A response is typed by the
-request with its correlation id on the same ``conn`` (or by the line's own
-``api_key``/``api_version``). Each output line keeps every input key in place and
+``.jsonl.gz``) are a superset and work as they are. ``conn`` is an integer, as in
+captures (a line with another value is an error line; lines without ``conn`` are
+taken as one connection). A response is typed by the request with its correlation
+id on the same ``conn`` (or by the line's own ``api_key``/``api_version``). Each output line keeps every input key in place and
 puts ``"decoded"`` where ``"frame"`` was; ``kinspect encode --jsonl`` puts the
 re-encoded ``"frame"`` back, so decode then encode reproduces the input lines. A
 frame that fails to decode keeps its ``"frame"`` and gains an ``"error"`` object
@@ -430,7 +431,10 @@ def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
 def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
     from ..codec import DecodeError
 
-    conn = json.dumps(rec.get("conn"))  # any JSON value identifies a connection
+    conn = rec.get("conn")
+    if "conn" in rec and type(conn) is not int:
+        # as every capture reader (kinspect.capture): a connection is an integer
+        raise InputError(f"'conn' must be an integer, got {json.dumps(conn)}")
     direction = rec.get("dir")
     if direction == "req":
         msg = codec.decode_request(frame)
