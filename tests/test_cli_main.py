@@ -112,7 +112,7 @@ def test_proxy_start_up_failure_leaves_an_existing_capture_alone(tmp_path, why):
     busy.bind(("127.0.0.1", 0))
     busy.listen(1)
     try:
-        listen = "127.0.0.1:%d" % busy.getsockname()[1] if why == "port" else "127.0.0.1:0"
+        listen = f"127.0.0.1:{busy.getsockname()[1]}" if why == "port" else "127.0.0.1:0"
         extra = {"filter": ["--filter", "~bogus"], "rules": ["--inject", "bogus"],
                  "port": []}[why]
         proc = run("proxy", "--upstream", "127.0.0.1:1", "--listen", listen, "--capture",
