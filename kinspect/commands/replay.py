@@ -57,6 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..filters import TopicIds, parse
@@ -103,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         with open(args.report, "w", encoding="utf-8") as fh:
             json.dump({"capture": args.capture, **report.to_dict()}, fh, indent=1)
-        Console().print(f"report written to [bold]{args.report}[/]")
+        Console().print(f"report written to [bold]{escape(args.report)}[/]")
     c = report.counts()
     return 0 if c["differing"] == 0 and c["failed"] == 0 else 1
 
@@ -121,7 +122,7 @@ def print_summary(console, report, capture: str) -> None:
                                                  "skipped": 0})
         d[r.status] += 1
     c = report.counts()
-    t = Table(title=f"replay of {escape(capture)} against {report.upstream} "
+    t = Table(title=f"replay of {escape(capture)} against {escape(report.upstream)} "
                     f"({report.elapsed_s:.1f} s)")
     for col in ("api", "matched", "differing", "failed", "skipped"):
         t.add_column(col, justify="left" if col == "api" else "right")
