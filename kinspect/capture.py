@@ -925,7 +925,9 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
     without response on a connection that closed gets ``closed``; a response whose
     request is not in the records (a later rotated part read alone, a capture
     started mid-connection) gets ``unpaired``, keeps the api its line names, and has
-    an empty ``request``.
+    an empty ``request``. Captures appended to each other (``cat a.jsonl b.jsonl``: a
+    session line that is not a rotated part of the capture before it) keep all their
+    flows: each one's flow and connection ids are moved past the ids used before it.
 
     Args:
         codec: decodes the flows (default spec search path when ``None``).
@@ -957,7 +959,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 fid = next_id
         else:
             next_id = max(next_id, fid)
-        conn = rec.get("conn", 0)
+        conn = rec.get("conn", 0) + conn_base
         info = cap.conns.get(conn, {})
         f = Flow(fid, conn, rec.get("client") or info.get("client") or "",
                  rec.get("upstream") or info.get("upstream") or "",
@@ -966,6 +968,11 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         order.append(f)
         return f
 
+    # captures appended to each other (cat a.jsonl b.jsonl) number their flows and
+    # connections from 1 again: each one after the first is moved past the ids
+    # used before it (a rotated part, same start_ns and part > 0, goes on as it is)
+    flow_base = conn_base = max_conn = 0
+    start: Any = None
     for n, rec in enumerate(records, 1):
         typ = rec.get("type", "frame")
         why = _bad_value(rec)
@@ -974,9 +981,14 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         if typ == "session":
             if not cap.session:
                 cap.session = rec
+            elif not rec.get("part") or rec.get("start_ns") != start:
+                flow_base, conn_base = next_id, max_conn
+            start = rec.get("start_ns")
             continue
+        if typ in ("conn", "frame") and type(rec.get("conn")) is int:
+            max_conn = max(max_conn, rec["conn"] + conn_base)
         if typ == "conn":
-            c = cap.conns.setdefault(rec.get("conn", 0), {})
+            c = cap.conns.setdefault(rec.get("conn", 0) + conn_base, {})
             c.setdefault("client", rec.get("client"))
             c.setdefault("upstream", rec.get("upstream"))
             c["open_ns" if rec.get("event") == "open" else "close_ns"] = rec.get("ts_ns")
@@ -988,13 +1000,15 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         where = f"record {n}"
         frame = _decode_b64(rec, "frame", where) or b""
         sent = _decode_b64(rec, "frame_sent", where)
-        conn = rec["conn"]
+        conn = rec["conn"] + conn_base
         direction = rec["dir"]
         ts = rec.get("ts_ns") or 0
         flags = set(rec.get("flags") or ())
         if rec.get("redacted"):
             flags.add("redacted")
         fid = rec.get("flow")
+        if fid is not None:
+            fid += flow_base
         c = cap.conns.setdefault(conn, {})
         c.setdefault("client", rec.get("client"))
         c.setdefault("upstream", rec.get("upstream"))

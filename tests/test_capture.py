@@ -1039,3 +1039,19 @@ def test_a_null_ts_ns_means_not_known(tmp_path, capsys):
     assert cli.main(["show", str(path)]) == 0
     assert cli.main(["export", str(path), "--pcapng", str(tmp_path / "x.pcapng")]) == 0
     assert "Traceback" not in capsys.readouterr().err
+
+
+def test_captures_appended_to_each_other_keep_all_their_flows(tmp_path):
+    """``cat a.jsonl b.jsonl``: the second capture numbers its flows and connections
+    from 1 again; its flows must not overwrite the first capture's."""
+    one = load_capture(EXAMPLE, CODEC).flows
+    both = tmp_path / "both.jsonl"
+    both.write_bytes(EXAMPLE.read_bytes() * 2)
+    flows = load_capture(both, CODEC).flows
+    assert len(flows) == 2 * len(one)
+    assert len({f.id for f in flows}) == len(flows)
+    first, second = flows[:len(one)], flows[len(one):]
+    assert {f.conn for f in first}.isdisjoint({f.conn for f in second})
+    for a, b, c in zip(one, first, second):
+        assert a.request == b.request == c.request and a.response == b.response == c.response
+        assert a.flags == b.flags == c.flags
