@@ -15,8 +15,8 @@ new response is compared with the recorded one through the codec
 the decoded bodies; arrays whose elements have a ``mapKey`` (topics by name, apis by
 key...) are compared element by element with the same key, wherever it sits, and an
 element only one side has is reported as missing or extra (elements left over on both
-sides are then compared by position); ``records`` fields are compared record by
-record. Differences
+sides are then compared by position); tagged fields no spec knows are compared as
+bytes, tag by tag; ``records`` fields are compared record by record. Differences
 in volatile fields (broker clocks, node ids and addresses, member/producer/session
 ids, epochs, topic ids...; :data:`DEFAULT_IGNORE`, extensible with
 :class:`IgnoreRules` patterns) are kept apart as *ignored*.
@@ -215,7 +215,9 @@ class Diff:
     Attributes:
         path: where, with list indices (``Topics[0].Partitions[1].ErrorCode``).
         kind: ``"error-code"``, ``"value"``, ``"length"``, ``"null"``, ``"missing"``,
-            ``"extra"``, ``"records"``, ``"version"``.
+            ``"extra"``, ``"records"``, ``"version"``, ``"unknown-tag"`` (a tagged field
+            no spec knows, at ``..._unknown_tags.TAG``, its bytes in hex; ``None`` on
+            the side that lacks it).
         recorded, replayed: JSON-able values (bytes as base64, uuids as text).
         rule: the ignore pattern that makes it volatile, or ``None``.
         explanation: why it differs (filled for differences that are not ignored).
@@ -341,6 +343,16 @@ def diff_structs(a: Struct, b: Struct, api: str, rules: IgnoreRules, out: list[D
         else:
             kind = "error-code" if f.name.endswith("ErrorCode") else "value"
             out.append(Diff(p, kind, _plain(f, va), _plain(f, vb), rule))
+    ua, ub = getattr(a, "_unknown", None) or {}, getattr(b, "_unknown", None) or {}
+    if ua != ub:  # tagged fields no spec knows: compared as bytes, tag by tag
+        for t in sorted(set(ua) | set(ub)):
+            x, y = ua.get(t), ub.get(t)
+            if x != y:
+                p = f"{path}._unknown_tags.{t}" if path else f"_unknown_tags.{t}"
+                kp = f"{keypath}._unknown_tags" if keypath else "_unknown_tags"
+                out.append(Diff(p, "unknown-tag", None if x is None else bytes(x).hex(),
+                                None if y is None else bytes(y).hex(),
+                                inherited or rules.match(api, kp)))
     return out
 
 

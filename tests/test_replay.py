@@ -384,3 +384,26 @@ def test_response_without_its_request_is_not_replayed(tansu, tmp_path):
     assert by_id[1].status == "skipped" and "request is not in the capture" in \
         by_id[1].explanation
     assert by_id[2].status not in ("skipped", "failed"), by_id[2].explanation
+
+
+def test_unknown_tagged_fields_are_compared():
+    """A tagged field no spec knows (KIP-482) that differs is a difference, at the
+    top level and inside array elements; ``--ignore _unknown_tags`` hides it."""
+    spec, _ = _response(18)
+    K = spec.struct.field("ApiKeys").struct.cls
+
+    def body(top, inner):
+        return _response(18, ErrorCode=0, unknown_tags=top,
+                         ApiKeys=[K(ApiKey=0, MinVersion=0, MaxVersion=9, unknown_tags=inner)])[1]
+
+    rules = IgnoreRules(DEFAULT_IGNORE)
+    assert diff_structs(body({9: b"\x01"}, None), body({9: b"\x01"}, None), "ApiVersions",
+                        rules) == []
+    diffs = diff_structs(body({9: b"\x01"}, {5: b"ab"}), body({9: b"\x02"}, None), "ApiVersions",
+                         rules)
+    assert [(d.path, d.kind, d.recorded, d.replayed, d.rule) for d in diffs] == [
+        ("ApiKeys[0]._unknown_tags.5", "unknown-tag", "6162", None, None),
+        ("_unknown_tags.9", "unknown-tag", "01", "02", None)]
+    ignoring = IgnoreRules([*DEFAULT_IGNORE, "_unknown_tags"])
+    assert all(d.rule for d in diff_structs(body({9: b"\x01"}, {5: b"ab"}),
+                                            body({9: b"\x02"}, None), "ApiVersions", ignoring))
