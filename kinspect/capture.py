@@ -94,7 +94,7 @@ from typing import Any, Iterable, Iterator
 from . import __version__
 from .codec import Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
-from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
+from .flows import CLOSED, NO_RESPONSE, REDACTED, REDACTED_REQUEST, SASL_TOKEN, UNPAIRED, Flow
 from .pagecache import DirectAppender, DropBehind
 from .units import parse_size
 
@@ -921,7 +921,8 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
     the request of the same connection and correlation id, and raw SASL tokens
     (after a successful SaslHandshake v0) pair in order, like the proxy does.
     Missing ``api_key``/``api_version``/``correlation_id`` are read from the frame
-    header. Flows get ``redacted`` as a flag when a line was redacted; a request
+    header. Flows get ``redacted`` as a flag when a line was redacted (and
+    ``redacted-request`` when it was the request's: its secrets are markers); a request
     without response on a connection that closed gets ``closed``; a response whose
     request is not in the records (a later rotated part read alone, a capture
     started mid-connection) gets ``unpaired``, keeps the api its line names, and has
@@ -1005,7 +1006,9 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         ts = rec.get("ts_ns") or 0
         flags = set(rec.get("flags") or ())
         if rec.get("redacted"):
-            flags.add("redacted")
+            flags.add(REDACTED)
+            if direction == "req":
+                flags.add(REDACTED_REQUEST)
         fid = rec.get("flow")
         if fid is not None:
             fid += flow_base

@@ -51,7 +51,7 @@ from .codec import Codec, DecodeError, EncodeError, KinspectError
 from .codec.records import decode_records
 from .codec.spec import FieldSpec, uuid_to_text
 from .codec.values import Struct
-from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
+from .flows import CLOSED, NO_RESPONSE, REDACTED_REQUEST, SASL_TOKEN, UNPAIRED, Flow
 from .show import error_name as _show_error_name
 
 log = logging.getLogger("kinspect.replay")
@@ -787,6 +787,11 @@ class Replayer:
         timeout: seconds to wait for each response.
         connect_timeout: seconds to reach the broker.
         progress: called with each finished :class:`FlowResult`.
+        send_redacted: also replay flows whose request had secrets redacted in the
+            capture (flag ``redacted-request``: passwords in configs, SCRAM
+            credentials, token HMACs, SaslAuthenticate bytes), sending the redaction
+            marker in their place. By default they are skipped with a reason: the
+            marker would otherwise become, e.g., a real config value on the broker.
 
     ``await replayer.run()`` returns a :class:`ReplayReport`; it never raises for
     broker behaviour (connection errors become failed flows).
@@ -796,7 +801,8 @@ class Replayer:
                  speed: float | None = 1.0, ignore: Iterable[str] | None = None,
                  select: Callable[[Flow], bool] | None = None, timeout: float = 30.0,
                  connect_timeout: float = 10.0,
-                 progress: Callable[[FlowResult], None] | None = None):
+                 progress: Callable[[FlowResult], None] | None = None,
+                 send_redacted: bool = False):
         if speed is not None and speed <= 0:
             raise ValueError("speed must be positive")
         self.codec = codec
@@ -834,9 +840,14 @@ class Replayer:
             if select is not None and not select(f):
                 r.explanation = "not selected by the filter"
                 continue
-            if "redacted" in f.flags and f.api_key == SASL_AUTHENTICATE:
-                r.explanation = ("its credentials were redacted in the capture: not replayed "
-                                 "(record with --capture-secrets to replay authentication)")
+            if REDACTED_REQUEST in f.flags and not send_redacted:
+                r.explanation = (
+                    "its credentials were redacted in the capture: not replayed (record with "
+                    "--capture-secrets to replay authentication)"
+                    if f.api_key == SASL_AUTHENTICATE else
+                    "secret values in its request were redacted in the capture: not replayed, "
+                    "so the broker is not sent the redaction marker as a value (record with "
+                    "--capture-secrets, or replay with --send-redacted)")
                 continue
             self.selected.append(f)
         self._done: dict[int, asyncio.Event] = {}

@@ -407,3 +407,54 @@ def test_unknown_tagged_fields_are_compared():
     ignoring = IgnoreRules([*DEFAULT_IGNORE, "_unknown_tags"])
     assert all(d.rule for d in diff_structs(body({9: b"\x01"}, {5: b"ab"}),
                                             body({9: b"\x02"}, None), "ApiVersions", ignoring))
+
+
+def test_redacted_request_values_are_not_sent_unless_asked(tmp_path, free_port):
+    """An AlterConfigs recorded without --capture-secrets holds the redaction marker
+    where the password was: replaying it would set the marker as the config value.
+    It is skipped with a reason unless send_redacted; a flow whose *response* alone
+    was redacted (DescribeConfigs) is replayed as usual."""
+    from kinspect.codec.protocol import Response
+    from kinspect.codec.values import struct_class
+    from kinspect.flows import Flow
+
+    c = codec()
+    spec = c.request_codec(33).spec.struct
+    res_cls = struct_class(spec.field("Resources").struct)
+    cfg_cls = struct_class(spec.field("Resources").struct.field("Configs").struct)
+    alter = request_bytes(33, 1, 1, Resources=[res_cls(
+        ResourceType=2, ResourceName="t",
+        Configs=[cfg_cls(Name="ssl.keystore.password", Value="hunter2")])], ValidateOnly=True)
+    dspec = c.response_codec(32).spec.struct
+    dres = struct_class(dspec.field("Results").struct)
+    dcfg = struct_class(dspec.field("Results").struct.field("Configs").struct)
+    describe_resp = c.encode_response(Response(32, 1, 2, 0, None, c.response_codec(32).cls(
+        Results=[dres(ErrorCode=0, ResourceType=2, ResourceName="t", Configs=[
+            dcfg(Name="ssl.keystore.password", Value="hunter2", ReadOnly=False,
+                 ConfigSource=1, IsSensitive=False)])]), 0, "", 1))
+    flows = []
+    for fid, key, ver, corr, req, resp in (
+            (1, 33, 1, 1, alter, None),
+            (2, 32, 1, 2, request_bytes(32, 1, 2, Resources=[]), describe_resp)):
+        f = Flow(fid, 1, "127.0.0.1:5", "127.0.0.1:9092", key, ver, corr, "", req, fid)
+        f.response, f.response_ns = resp, None if resp is None else fid + 1
+        flows.append(f)
+    path = tmp_path / "cfg.jsonl"
+    w = CaptureWriter(path, c, upstream="127.0.0.1:9092")
+    for f in flows:
+        w.on_request(f)
+        w.on_flow(f)
+    w.close()
+    loaded = load_flows(path, c)
+    assert b"hunter2" not in loaded[0].request and "redacted-request" in loaded[0].flags
+    assert "redacted" in loaded[1].flags and "redacted-request" not in loaded[1].flags
+
+    def run(**kw):
+        rep = Replayer(c, load_flows(path, c), ("127.0.0.1", free_port), speed=None, timeout=2,
+                       connect_timeout=2, **kw)
+        return {r.flow.id: r for r in asyncio.run(rep.run()).results}
+
+    by_id = run()
+    assert by_id[1].status == "skipped" and "--send-redacted" in by_id[1].explanation
+    assert by_id[2].status == "failed"  # sent (nothing listens there), not skipped
+    assert run(send_redacted=True)[1].status == "failed"
