@@ -23,12 +23,12 @@ shared by ``kinspect proxy --capture``, ``show``, ``export``, replay and analysi
 * connection lines: ``{"type": "conn", "event": "open"|"close", "ts_ns", "conn",
   "client", "upstream"}``.
 
-Readers ignore unknown ``type`` values and extra keys. On frame and conn lines,
-``conn``, ``flow``, ``api_key``, ``api_version`` and ``correlation_id`` hold JSON
-integers when present and ``ts_ns`` an integer or ``null`` (not known, as when it is
-absent); any other value is a :class:`CaptureError` naming the file and line, for
-every reader (``show``, ``export``, ``replay``, ``serve``, ``analyze``; ``kinspect
-decode --jsonl`` makes such a line an error line).
+Readers ignore unknown ``type`` values, extra keys and blank lines. On frame and
+conn lines, ``conn``, ``flow``, ``api_key``, ``api_version`` and ``correlation_id``
+hold JSON integers when present and ``ts_ns`` an integer or ``null`` (not known, as
+when it is absent); any other value is a :class:`CaptureError` naming the file and
+line, for every reader (``show``, ``export``, ``replay``, ``serve``, ``analyze``;
+``kinspect decode --jsonl`` makes such a line an error line).
 
 Writers: :class:`CaptureWriter` writes in-process (library use, tests);
 ``kinspect proxy --capture`` uses :class:`~kinspect.capture_process.CaptureProcess`,
@@ -755,7 +755,8 @@ def _open_read(path: Path):
 
 
 def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line number, record)``; a torn last line is skipped with a warning."""
+    """Yield ``(line number, record)``; a torn last line is skipped with a warning,
+    blank lines (whitespace only) silently, wherever they are."""
     try:
         fh = _open_read(path)
     except FileNotFoundError:
@@ -769,7 +770,8 @@ def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             for raw in fh:
                 if prev is not None:
                     lineno += 1
-                    yield lineno, _parse(prev, path, lineno, last=False)
+                    if not prev.isspace():
+                        yield lineno, _parse(prev, path, lineno, last=False)
                 prev = raw
         except (EOFError, zlib.error, gzip.BadGzipFile) as e:
             # a gzip stream cut short by a crash: everything before was readable
@@ -778,12 +780,13 @@ def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                           CaptureWarning, stacklevel=3)
             if prev is not None and prev.endswith(b"\n"):
                 lineno += 1
-                yield lineno, _parse(prev, path, lineno, last=False)
+                if not prev.isspace():
+                    yield lineno, _parse(prev, path, lineno, last=False)
             elif prev is not None:
                 warnings.warn(f"{path}:{lineno + 1}: torn last line skipped "
                               f"({len(prev)} bytes)", CaptureWarning, stacklevel=3)
             return
-        if prev is None:
+        if prev is None or prev.isspace():
             return
         lineno += 1
         try:  # a last line without newline is kept when it is a whole JSON object
@@ -844,9 +847,11 @@ def read_capture(path: str | os.PathLike, *, parts: bool = True) -> Iterator[dic
     Warns:
         CaptureWarning: a torn last line (crash while writing) was skipped.
 
+    Blank lines are skipped.
+
     Raises:
-        CaptureError: missing file, or a line other than the last that is not a
-            JSON object.
+        CaptureError: missing file, a line other than the last that is not a JSON
+            object, or a frame/conn line with an id that is not an integer.
     """
     files = capture_parts(path) if parts else [Path(path)]
     start = None

@@ -241,6 +241,26 @@ def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
     assert e.value.line == 3
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_blank_lines_are_skipped_wherever_they_are(tmp_path, gz):
+    """Blank lines (an editor, ``cat`` of files ending in an empty line) are skipped,
+    as ``kinspect decode --jsonl`` does; line numbers still count them."""
+    plain = tmp_path / "cap.jsonl"
+    write_flows(plain, metadata_flows(2))
+    lines = plain.read_bytes().splitlines(keepends=True)
+    text = b"\n" + lines[0] + b"  \n" + b"".join(lines[1:3]) + b"\n" + b"".join(lines[3:]) + b"\n"
+    path = tmp_path / ("blank.jsonl.gz" if gz else "blank.jsonl")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    assert list(read_capture(path)) == list(read_capture(plain))
+    assert [f.response for f in load_capture(path, CODEC).flows] == \
+        [f.response for f in load_capture(plain, CODEC).flows]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n\n" + lines[0] + b"{not json\n" + lines[1])
+    with pytest.raises(CaptureError) as e:
+        list(read_capture(bad))
+    assert e.value.line == 4
+
+
 def test_missing_file_is_a_capture_error(tmp_path):
     with pytest.raises(CaptureError, match="no such file"):
         list(read_capture(tmp_path / "nope.jsonl"))
