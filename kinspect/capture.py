@@ -60,6 +60,8 @@ size stay as they were and the frame still decodes:
 
 * SaslAuthenticate (api key 36) ``AuthBytes``, in requests and responses;
 * raw SASL tokens after SaslHandshake v0 (flow flag ``sasl``): the whole frame;
+* responses to no known request (flow flag ``unpaired``, api key -1: what they
+  answer, hence what they hold, is unknown): everything past the correlation id;
 * AlterUserScramCredentials (51) ``Salt``/``SaltedPassword``; the delegation-token
   ``Hmac`` of CreateDelegationToken (38), RenewDelegationToken (39),
   ExpireDelegationToken (40) and DescribeDelegationToken (41);
@@ -206,7 +208,8 @@ def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_v
         codec: decodes and re-encodes the frame.
         frame: frame without size prefix.
         direction: ``"req"`` or ``"resp"``.
-        api_key, api_version: of the flow (for a response: of its request).
+        api_key, api_version: of the flow (for a response: of its request; -1 for a
+            response to no known request, which is redacted past its correlation id).
         sasl_token: the frame is a raw SASL token (SaslHandshake v0): all of it is replaced.
 
     Returns:
@@ -215,6 +218,10 @@ def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_v
     """
     if sasl_token:
         return redaction_marker(len(frame))
+    if api_key < 0 and direction == "resp":
+        # an answer to no known request (unpaired): what it holds cannot be told,
+        # a SaslAuthenticate answer among others; only its correlation id is kept
+        return None if len(frame) <= 4 else bytes(frame[:4]) + redaction_marker(len(frame) - 4)
     names = REDACTED_FIELDS.get(api_key)
     if not names:
         if api_key not in CONFIG_APIS:

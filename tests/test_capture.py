@@ -359,6 +359,27 @@ def test_raw_sasl_tokens_and_mutated_copies_are_redacted(tmp_path):
     assert CODEC.decode_request(sent).body.AuthBytes == redaction_marker(len(SECRET) + 1)
 
 
+def test_unpaired_responses_are_redacted_past_their_correlation_id(tmp_path):
+    """A response the proxy could not pair (api unknown: -1) may be a SaslAuthenticate
+    answer; without --capture-secrets only its correlation id reaches the file."""
+    from kinspect.flows import UNPAIRED
+
+    answer = response_frame(36, 2, 8, ErrorCode=0, AuthBytes=SECRET)
+    stray = make_flow(1, -1, -1, 8, b"", answer)
+    stray.flags.add(UNPAIRED)
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, [stray])
+    [line] = lines_of(path)[1:]
+    stored = base64.b64decode(line["frame"])
+    assert line["dir"] == "resp" and line["redacted"] is True
+    assert stored == answer[:4] + redaction_marker(len(answer) - 4)
+    [flow] = load_capture(path, CODEC).flows
+    assert flow.correlation_id == 8 and UNPAIRED in flow.flags
+    kept = tmp_path / "kept.jsonl"
+    write_flows(kept, [stray], secrets=True)
+    assert base64.b64decode(lines_of(kept)[1]["frame"]) == answer
+
+
 def test_redaction_marker_is_documented_ascii_cut_to_length():
     assert redaction_marker(0) == b""
     assert redaction_marker(5) == b"<kins"
