@@ -23,7 +23,12 @@ shared by ``kinspect proxy --capture``, ``show``, ``export``, replay and analysi
 * connection lines: ``{"type": "conn", "event": "open"|"close", "ts_ns", "conn",
   "client", "upstream"}``.
 
-Readers ignore unknown ``type`` values and extra keys.
+Readers ignore unknown ``type`` values, extra keys and blank lines. On frame and
+conn lines, ``conn``, ``flow``, ``api_key``, ``api_version`` and ``correlation_id``
+hold JSON integers when present and ``ts_ns`` an integer or ``null`` (not known, as
+when it is absent); any other value is a :class:`CaptureError` naming the file and
+line, for every reader (``show``, ``export``, ``replay``, ``serve``, ``analyze``;
+``kinspect decode --jsonl`` makes such a line an error line).
 
 Writers: :class:`CaptureWriter` writes in-process (library use, tests);
 ``kinspect proxy --capture`` uses :class:`~kinspect.capture_process.CaptureProcess`,
@@ -55,6 +60,8 @@ size stay as they were and the frame still decodes:
 
 * SaslAuthenticate (api key 36) ``AuthBytes``, in requests and responses;
 * raw SASL tokens after SaslHandshake v0 (flow flag ``sasl``): the whole frame;
+* responses to no known request (flow flag ``unpaired``, api key -1: what they
+  answer, hence what they hold, is unknown): everything past the correlation id;
 * AlterUserScramCredentials (51) ``Salt``/``SaltedPassword``; the delegation-token
   ``Hmac`` of CreateDelegationToken (38), RenewDelegationToken (39),
   ExpireDelegationToken (40) and DescribeDelegationToken (41);
@@ -89,7 +96,8 @@ from typing import Any, Iterable, Iterator
 from . import __version__
 from .codec import Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
-from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
+from .flows import (CLOSED, NO_RESPONSE, REDACTED, REDACTED_REQUEST, SASL_TOKEN, UNPAIRED,
+                    Flow)
 from .pagecache import DirectAppender, DropBehind
 from .units import parse_size
 
@@ -201,7 +209,8 @@ def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_v
         codec: decodes and re-encodes the frame.
         frame: frame without size prefix.
         direction: ``"req"`` or ``"resp"``.
-        api_key, api_version: of the flow (for a response: of its request).
+        api_key, api_version: of the flow (for a response: of its request; -1 for a
+            response to no known request, which is redacted past its correlation id).
         sasl_token: the frame is a raw SASL token (SaslHandshake v0): all of it is replaced.
 
     Returns:
@@ -210,6 +219,10 @@ def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_v
     """
     if sasl_token:
         return redaction_marker(len(frame))
+    if api_key < 0 and direction == "resp":
+        # an answer to no known request (unpaired): what it holds cannot be told,
+        # a SaslAuthenticate answer among others; only its correlation id is kept
+        return None if len(frame) <= 4 else bytes(frame[:4]) + redaction_marker(len(frame) - 4)
     names = REDACTED_FIELDS.get(api_key)
     if not names:
         if api_key not in CONFIG_APIS:
@@ -750,7 +763,8 @@ def _open_read(path: Path):
 
 
 def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """Yield ``(line number, record)``; a torn last line is skipped with a warning."""
+    """Yield ``(line number, record)``; a torn last line is skipped with a warning,
+    blank lines (whitespace only) silently, wherever they are."""
     try:
         fh = _open_read(path)
     except FileNotFoundError:
@@ -764,7 +778,8 @@ def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             for raw in fh:
                 if prev is not None:
                     lineno += 1
-                    yield lineno, _parse(prev, path, lineno, last=False)
+                    if not prev.isspace():
+                        yield lineno, _parse(prev, path, lineno, last=False)
                 prev = raw
         except (EOFError, zlib.error, gzip.BadGzipFile) as e:
             # a gzip stream cut short by a crash: everything before was readable
@@ -773,12 +788,13 @@ def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
                           CaptureWarning, stacklevel=3)
             if prev is not None and prev.endswith(b"\n"):
                 lineno += 1
-                yield lineno, _parse(prev, path, lineno, last=False)
+                if not prev.isspace():
+                    yield lineno, _parse(prev, path, lineno, last=False)
             elif prev is not None:
                 warnings.warn(f"{path}:{lineno + 1}: torn last line skipped "
                               f"({len(prev)} bytes)", CaptureWarning, stacklevel=3)
             return
-        if prev is None:
+        if prev is None or prev.isspace():
             return
         lineno += 1
         try:  # a last line without newline is kept when it is a whole JSON object
@@ -787,6 +803,7 @@ def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
             warnings.warn(f"{e}; torn last line skipped ({len(prev)} bytes)", CaptureWarning,
                           stacklevel=3)
             return
+        _check(rec, path, lineno)
         yield lineno, rec
 
 
@@ -797,7 +814,34 @@ def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
         raise CaptureError(f"not a JSON line ({e})", path, lineno) from None
     if not isinstance(rec, dict):
         raise CaptureError("a line is not a JSON object", path, lineno)
+    if not last:
+        _check(rec, path, lineno)
     return rec
+
+
+#: keys of frame and conn lines that must hold integers when present (``ts_ns`` may
+#: also be null: not known)
+_INT_KEYS = ("conn", "ts_ns", "flow", "api_key", "api_version", "correlation_id")
+
+
+def _bad_value(rec: dict[str, Any]) -> str | None:
+    """Why a frame or conn record cannot be used (a key that must hold an integer
+    holds something else), or ``None``."""
+    if rec.get("type", "frame") not in ("frame", "conn"):
+        return None
+    for key in _INT_KEYS:
+        v = rec.get(key)
+        if v is None and (key != "conn" or "conn" not in rec):
+            continue  # absent (or a null ts_ns, flow id...: not known)
+        if type(v) is not int:
+            return f"{key!r} must be an integer, got {json.dumps(v)}"
+    return None
+
+
+def _check(rec: dict[str, Any], path: Path, lineno: int) -> None:
+    why = _bad_value(rec)
+    if why is not None:
+        raise CaptureError(why, path, lineno)
 
 
 def read_capture(path: str | os.PathLike, *, parts: bool = True) -> Iterator[dict[str, Any]]:
@@ -811,9 +855,11 @@ def read_capture(path: str | os.PathLike, *, parts: bool = True) -> Iterator[dic
     Warns:
         CaptureWarning: a torn last line (crash while writing) was skipped.
 
+    Blank lines are skipped.
+
     Raises:
-        CaptureError: missing file, or a line other than the last that is not a
-            JSON object.
+        CaptureError: missing file, a line other than the last that is not a JSON
+            object, or a frame/conn line with an id that is not an integer.
     """
     files = capture_parts(path) if parts else [Path(path)]
     start = None
@@ -888,15 +934,22 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
     the request of the same connection and correlation id, and raw SASL tokens
     (after a successful SaslHandshake v0) pair in order, like the proxy does.
     Missing ``api_key``/``api_version``/``correlation_id`` are read from the frame
-    header. Flows get ``redacted`` as a flag when a line was redacted; a request
-    without response on a connection that closed gets ``closed``.
+    header. Flows get ``redacted`` as a flag when a line was redacted (and
+    ``redacted-request`` when it was the request's: its secrets are markers); a request
+    without response on a connection that closed gets ``closed``; a response whose
+    request is not in the records (a later rotated part read alone, a capture
+    started mid-connection) gets ``unpaired``, keeps the api its line names, and has
+    an empty ``request``. Captures appended to each other (``cat a.jsonl b.jsonl``: a
+    session line that is not a rotated part of the capture before it) keep all their
+    flows: each one's flow and connection ids are moved past the ids used before it.
 
     Args:
         codec: decodes the flows (default spec search path when ``None``).
         decode: decode request/response bodies (``decode_flow``).
 
     Raises:
-        CaptureError: a frame line without ``conn``/``dir``/``frame`` or with bad base64.
+        CaptureError: a frame line without ``conn``/``dir``/``frame``, with bad base64,
+            or with an id that is not an integer (see the module docstring).
     """
     from .proxy.pipeline import decode_flow
 
@@ -920,7 +973,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 fid = next_id
         else:
             next_id = max(next_id, fid)
-        conn = int(rec.get("conn", 0))
+        conn = rec.get("conn", 0) + conn_base
         info = cap.conns.get(conn, {})
         f = Flow(fid, conn, rec.get("client") or info.get("client") or "",
                  rec.get("upstream") or info.get("upstream") or "",
@@ -929,14 +982,27 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         order.append(f)
         return f
 
+    # captures appended to each other (cat a.jsonl b.jsonl) number their flows and
+    # connections from 1 again: each one after the first is moved past the ids
+    # used before it (a rotated part, same start_ns and part > 0, goes on as it is)
+    flow_base = conn_base = max_conn = 0
+    start: Any = None
     for n, rec in enumerate(records, 1):
         typ = rec.get("type", "frame")
+        why = _bad_value(rec)
+        if why is not None:
+            raise CaptureError(f"{typ} record {n}: {why}")
         if typ == "session":
             if not cap.session:
                 cap.session = rec
+            elif not rec.get("part") or rec.get("start_ns") != start:
+                flow_base, conn_base = next_id, max_conn
+            start = rec.get("start_ns")
             continue
+        if typ in ("conn", "frame") and type(rec.get("conn")) is int:
+            max_conn = max(max_conn, rec["conn"] + conn_base)
         if typ == "conn":
-            c = cap.conns.setdefault(int(rec.get("conn", 0)), {})
+            c = cap.conns.setdefault(rec.get("conn", 0) + conn_base, {})
             c.setdefault("client", rec.get("client"))
             c.setdefault("upstream", rec.get("upstream"))
             c["open_ns" if rec.get("event") == "open" else "close_ns"] = rec.get("ts_ns")
@@ -948,13 +1014,17 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         where = f"record {n}"
         frame = _decode_b64(rec, "frame", where) or b""
         sent = _decode_b64(rec, "frame_sent", where)
-        conn = int(rec["conn"])
+        conn = rec["conn"] + conn_base
         direction = rec["dir"]
-        ts = int(rec.get("ts_ns", 0))
+        ts = rec.get("ts_ns") or 0
         flags = set(rec.get("flags") or ())
         if rec.get("redacted"):
-            flags.add("redacted")
+            flags.add(REDACTED)
+            if direction == "req":
+                flags.add(REDACTED_REQUEST)
         fid = rec.get("flow")
+        if fid is not None:
+            fid += flow_base
         c = cap.conns.setdefault(conn, {})
         c.setdefault("client", rec.get("client"))
         c.setdefault("upstream", rec.get("upstream"))
@@ -1016,8 +1086,9 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 api_key = rec.get("api_key", -1)
                 flow = new_flow(fid, rec, api_key, rec.get("api_version", -1), corr,
                                 "Unpaired" if api_key < 0 else codec.api_name(api_key), b"", ts)
-                if api_key < 0:
-                    flags.add(UNPAIRED)
+                # its request is not in the file (e.g. a later rotated part): named
+                # when the line says what it answers, flagged either way
+                flags.add(UNPAIRED)
             else:
                 pending.pop((conn, flow.correlation_id), None)
                 if flow in q:

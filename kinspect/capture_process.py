@@ -43,7 +43,8 @@ Guarantees:
 * Whole lines: the child flushes whole lines only, and on end of input (the proxy
   closed the pipe, or exited, even by SIGKILL) it writes everything it received and
   closes the file (frames in the ring included: its memory lives as long as
-  the child maps it). A killed proxy loses what it had not handed on yet: frames
+  the child maps it), then exits quietly (a proxy killed outright cannot read its
+  counts: they are not reported). A killed proxy loses what it had not handed on yet: frames
   whose headers were still queued (at most the last ``BATCH_DELAY`` seconds' or
   ``BATCH_BYTES``) and, before that, flows still in the pipeline's batch (see
   :class:`~kinspect.proxy.pipeline.Pipeline`: up to its ``delay``). The child runs
@@ -532,10 +533,15 @@ def _child(config: dict[str, Any]) -> int:
     if torn:
         print(f"kinspect capture process: input ended inside a message ({torn} bytes "
               f"dropped)", file=sys.stderr, flush=True)
-    out.write(json.dumps({"lines": writer.lines, "frames": writer.frames,
-                          "redacted": writer.redacted,
-                          "paths": [str(p) for p in writer.paths]}).encode() + b"\n")
-    out.flush()
+    try:
+        out.write(json.dumps({"lines": writer.lines, "frames": writer.frames,
+                              "redacted": writer.redacted,
+                              "paths": [str(p) for p in writer.paths]}).encode() + b"\n")
+        out.flush()
+    except BrokenPipeError:
+        # the proxy is gone (killed): nobody to tell, the file is complete. Point
+        # stdout elsewhere so the exit's own flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     return 0
 
 

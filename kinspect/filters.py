@@ -29,7 +29,10 @@ Terms:
 ``~topic NAME``     a topic named in the request or response (fields whose spec
                     ``entityType`` is ``topicName``, and topic ids resolved through
                     Metadata responses when a :class:`TopicIds` index is given)
-``~err [N]``        a non-zero ``ErrorCode`` anywhere in the response (or code ``N``)
+``~err [N]``        a non-zero ``ErrorCode`` anywhere in the response; with ``N``,
+                    that code: ``36``, ``-1`` (the code -1, UNKNOWN_SERVER_ERROR),
+                    ``1-10``, ``30-``, ``-1,36``. Unlike ``~v``, a leading ``-``
+                    is a sign, never "up to"
 ``~undecoded``      flag ``undecoded``; likewise ``~mutated``, ``~rewritten``,
                     ``~sasl``, ``~closed``, ``~unpaired``, ``~noresp``
 ``~flag NAME``      any flow flag by name (e.g. ``decode-skipped``, ``redacted``)
@@ -232,6 +235,30 @@ class _TermSpec:
     help: str
 
 
+def _codes(arg: str, err: Callable[[str], FilterError]) -> Callable[[int], bool]:
+    """``~err``'s argument: comma-separated codes and ranges where every number may be
+    negative (Kafka's UNKNOWN_SERVER_ERROR is -1). A bare number, ``-1`` included, is
+    that one code; ``A-B`` and ``A-`` are ranges (``-1-3``: -1 to 3). There is no
+    "up to" form, since ``-3`` is the code -3."""
+    parts = []
+    for piece in arg.split(","):
+        m = re.fullmatch(r"\s*(-?\d+)\s*(?:(-)\s*(-?\d+)?)?\s*", piece)
+        if not m:
+            raise err(f"expected an error code or range like 36, -1, 1-10 or 30-, "
+                      f"got {piece!r}")
+        lo = int(m.group(1))
+        hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) is not None
+                                            else None)
+        if hi is not None and lo > hi:
+            raise err(f"empty range {piece!r}")
+        parts.append((lo, hi))
+
+    def test(n: int) -> bool:
+        return any(n >= lo and (hi is None or n <= hi) for lo, hi in parts)
+
+    return test
+
+
 def _ranges(arg: str, err: Callable[[str], FilterError]) -> Callable[[int], bool]:
     parts = []
     for piece in arg.split(","):
@@ -317,7 +344,7 @@ def _t_topic(arg, err):
 def _t_err(arg, err):
     if arg is None:
         return lambda f, d, i: any(c != 0 for c in error_codes(f))
-    test = _ranges(arg, err)
+    test = _codes(arg, err)
     return lambda f, d, i: any(test(c) for c in error_codes(f))
 
 
@@ -342,7 +369,8 @@ TERMS: dict[str, _TermSpec] = {
     "conn": _TermSpec("required", _t_conn, "connection id or range"),
     "corr": _TermSpec("required", _t_corr, "correlation id or range"),
     "topic": _TermSpec("required", _t_topic, "topic name"),
-    "err": _TermSpec("optional", _t_err, "non-zero error code, or the given code(s)"),
+    "err": _TermSpec("optional", _t_err,
+                     "non-zero error code, or the given code(s): 36, -1, 1-10, 30-"),
     "undecoded": _TermSpec(None, _flag(UNDECODED), "could not be decoded"),
     "mutated": _TermSpec(None, _flag(MUTATED), "changed by a rule"),
     "rewritten": _TermSpec(None, _flag(REWRITTEN), "broker addresses rewritten"),

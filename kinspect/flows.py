@@ -18,6 +18,8 @@ SASL_TOKEN = "sasl"            # raw SASL token frames after SaslHandshake v0
 MUTATED = "mutated"            # a rule changed the frame
 SKIPPED = "decode-skipped"     # decoding was skipped under load (frames still forwarded)
 CLOSED = "closed"              # the connection closed before the response came
+REDACTED = "redacted"          # a capture line of the flow had secrets replaced (either way)
+REDACTED_REQUEST = "redacted-request"  # ... the request's line (see kinspect.capture)
 
 
 class Flow:
@@ -75,7 +77,9 @@ class Flow:
 
     @property
     def latency_ns(self) -> int | None:
-        if self.response_ns is None:
+        """Request to response; ``None`` without a response, or without the request
+        (``unpaired``: there is nothing to measure from)."""
+        if self.response_ns is None or UNPAIRED in self.flags:
             return None
         return self.response_ns - self.request_ns
 

@@ -12,7 +12,11 @@ the recording (``None``: as fast as the ordering allows).
 Each request gets a fresh correlation id, mapped back to its recorded flow. Every
 new response is compared with the recorded one through the codec
 (:func:`diff_structs`): same api and version, error codes, and a structural diff of
-the decoded bodies; ``records`` fields are compared record by record. Differences
+the decoded bodies; arrays whose elements have a ``mapKey`` (topics by name, apis by
+key...) are compared element by element with the same key, wherever it sits, and an
+element only one side has is reported as missing or extra (elements left over on both
+sides are then compared by position); tagged fields no spec knows are compared as
+bytes, tag by tag; ``records`` fields are compared record by record. Differences
 in volatile fields (broker clocks, node ids and addresses, member/producer/session
 ids, epochs, topic ids...; :data:`DEFAULT_IGNORE`, extensible with
 :class:`IgnoreRules` patterns) are kept apart as *ignored*.
@@ -20,7 +24,8 @@ ids, epochs, topic ids...; :data:`DEFAULT_IGNORE`, extensible with
 Stateful flows: values the broker hands out and the client sends back (member id
 from JoinGroup, generation id, producer id and epoch from InitProducerId, the
 fetch session id from Fetch, topic ids; :data:`MAPPED_FIELDS`) are learned by
-comparing recorded and new responses, and the recorded value is replaced by the new
+comparing recorded and new responses (in keyed arrays only between elements with the
+same key: a topic id from the topic of the same name), and the recorded value is replaced by the new
 one in later requests (through the codec; producer ids inside record batches are
 patched and the batch CRC-32C recomputed). A request carrying such a value that was
 handed out in the recording but not again in the replay is reported as *unmapped*.
@@ -46,7 +51,7 @@ from .codec import Codec, DecodeError, EncodeError, KinspectError
 from .codec.records import decode_records
 from .codec.spec import FieldSpec, uuid_to_text
 from .codec.values import Struct
-from .flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNPAIRED, Flow
+from .flows import CLOSED, NO_RESPONSE, REDACTED_REQUEST, SASL_TOKEN, UNPAIRED, Flow
 from .show import error_name as _show_error_name
 
 log = logging.getLogger("kinspect.replay")
@@ -210,7 +215,9 @@ class Diff:
     Attributes:
         path: where, with list indices (``Topics[0].Partitions[1].ErrorCode``).
         kind: ``"error-code"``, ``"value"``, ``"length"``, ``"null"``, ``"missing"``,
-            ``"extra"``, ``"records"``, ``"version"``.
+            ``"extra"``, ``"records"``, ``"version"``, ``"unknown-tag"`` (a tagged field
+            no spec knows, at ``..._unknown_tags.TAG``, its bytes in hex; ``None`` on
+            the side that lacks it).
         recorded, replayed: JSON-able values (bytes as base64, uuids as text).
         rule: the ignore pattern that makes it volatile, or ``None``.
         explanation: why it differs (filled for differences that are not ignored).
@@ -247,18 +254,53 @@ def _plain(f: FieldSpec | None, v: Any) -> Any:
     return v
 
 
-def _align(f: FieldSpec, a: list, b: list) -> tuple[list[tuple[int, int]], list[int], list[int]]:
-    """Pair the elements of two struct arrays: by their ``mapKey`` fields when both
-    sides hold the same keys (reordering), else by index."""
+def _map_key(x: Struct, keys: list[str]) -> Any:
+    k = tuple(_key(getattr(x, n)) for n in keys)
+    try:
+        hash(k)
+    except TypeError:
+        return repr(k)
+    return k
+
+
+def _align(f: FieldSpec, a: list, b: list, leftovers: bool = True
+           ) -> tuple[list[tuple[int, int]], list[int], list[int]]:
+    """Pair the elements of two struct arrays.
+
+    Where the element struct has ``mapKey`` fields (a topic by its name, an api by
+    its key), elements with the same key on both sides are paired whatever their
+    positions (the k-th of a repeated key with the k-th); the others are left over.
+    With ``leftovers``, what is left over on both sides is then paired by position
+    among itself (e.g. brokers whose node ids differ, a volatile key); without, it
+    stays unpaired. Arrays without ``mapKey`` pair by position.
+
+    Returns:
+        ``(pairs, only_a, only_b)``: ``(index in a, index in b)`` in ``a``'s order,
+        and the indices of the elements of ``a`` (missing from ``b``) and of ``b``
+        (extra) that have no partner.
+    """
     keys = [g.name for g in f.struct.fields if g.map_key] if f.struct is not None else []
-    if keys:
-        ka = [tuple(getattr(x, k) for k in keys) for x in a]
-        kb = [tuple(getattr(x, k) for k in keys) for x in b]
-        if sorted(map(repr, ka)) == sorted(map(repr, kb)) and len(set(map(repr, ka))) == len(ka):
-            pos = {repr(k): i for i, k in enumerate(kb)}
-            return [(i, pos[repr(k)]) for i, k in enumerate(ka)], [], []
-    n = min(len(a), len(b))
-    return [(i, i) for i in range(n)], list(range(n, len(a))), list(range(n, len(b)))
+    if not keys:
+        n = min(len(a), len(b))
+        return [(i, i) for i in range(n)], list(range(n, len(a))), list(range(n, len(b)))
+    free: dict[Any, list[int]] = {}
+    for j, x in enumerate(b):
+        free.setdefault(_map_key(x, keys), []).append(j)
+    pairs: list[tuple[int, int]] = []
+    only_a: list[int] = []
+    for i, x in enumerate(a):
+        q = free.get(_map_key(x, keys))
+        if q:
+            pairs.append((i, q.pop(0)))
+        else:
+            only_a.append(i)
+    only_b = sorted(j for q in free.values() for j in q)
+    if leftovers:
+        n = min(len(only_a), len(only_b))
+        pairs.extend(zip(only_a[:n], only_b[:n]))
+        only_a, only_b = only_a[n:], only_b[n:]
+        pairs.sort()
+    return pairs, only_a, only_b
 
 
 def diff_structs(a: Struct, b: Struct, api: str, rules: IgnoreRules, out: list[Diff] | None = None,
@@ -301,6 +343,16 @@ def diff_structs(a: Struct, b: Struct, api: str, rules: IgnoreRules, out: list[D
         else:
             kind = "error-code" if f.name.endswith("ErrorCode") else "value"
             out.append(Diff(p, kind, _plain(f, va), _plain(f, vb), rule))
+    ua, ub = getattr(a, "_unknown", None) or {}, getattr(b, "_unknown", None) or {}
+    if ua != ub:  # tagged fields no spec knows: compared as bytes, tag by tag
+        for t in sorted(set(ua) | set(ub)):
+            x, y = ua.get(t), ub.get(t)
+            if x != y:
+                p = f"{path}._unknown_tags.{t}" if path else f"_unknown_tags.{t}"
+                kp = f"{keypath}._unknown_tags" if keypath else "_unknown_tags"
+                out.append(Diff(p, "unknown-tag", None if x is None else bytes(x).hex(),
+                                None if y is None else bytes(y).hex(),
+                                inherited or rules.match(api, kp)))
     return out
 
 
@@ -450,8 +502,13 @@ class IdMapper:
                     notes.append(f"learned {kind} {_show(va)} -> {_show(vb)}")
             elif f.struct is not None and va is not None and vb is not None:
                 if f.is_array:
-                    pairs, _, _ = _align(f, va, vb)
+                    # by key only: a topic id is learned from the same topic name,
+                    # never from whatever topic happens to sit at the same position
+                    pairs, _, _ = _align(f, va, vb, leftovers=False)
+                    keys = [g.name for g in f.struct.fields if g.map_key]
                     for i, j in pairs:
+                        if keys and all(getattr(va[i], k) in (None, "") for k in keys):
+                            continue  # no name to tell it by (e.g. a null topic name)
                         self._learn(va[i], vb[j], group, flow_id, notes)
                 else:
                     self._learn(va, vb, group, flow_id, notes)
@@ -730,6 +787,11 @@ class Replayer:
         timeout: seconds to wait for each response.
         connect_timeout: seconds to reach the broker.
         progress: called with each finished :class:`FlowResult`.
+        send_redacted: also replay flows whose request had secrets redacted in the
+            capture (flag ``redacted-request``: passwords in configs, SCRAM
+            credentials, token HMACs, SaslAuthenticate bytes), sending the redaction
+            marker in their place. By default they are skipped with a reason: the
+            marker would otherwise become, e.g., a real config value on the broker.
 
     ``await replayer.run()`` returns a :class:`ReplayReport`; it never raises for
     broker behaviour (connection errors become failed flows).
@@ -739,7 +801,8 @@ class Replayer:
                  speed: float | None = 1.0, ignore: Iterable[str] | None = None,
                  select: Callable[[Flow], bool] | None = None, timeout: float = 30.0,
                  connect_timeout: float = 10.0,
-                 progress: Callable[[FlowResult], None] | None = None):
+                 progress: Callable[[FlowResult], None] | None = None,
+                 send_redacted: bool = False):
         if speed is not None and speed <= 0:
             raise ValueError("speed must be positive")
         self.codec = codec
@@ -765,16 +828,26 @@ class Replayer:
             if f.response is not None and f.response_decoded is not None \
                     and f.response_decoded.body is not None:
                 self.mapper.record_issued(f.response_decoded.body, f.id)
-            if f.api_key < 0 or UNPAIRED in f.flags or SASL_TOKEN in f.flags:
-                r.explanation = ("not a Kafka request (raw SASL token, unpaired response or "
-                                 "malformed frame): not replayed")
+            if UNPAIRED in f.flags or not f.request:
+                r.explanation = ("a response whose request is not in the capture (e.g. a "
+                                 "later rotated part, or a capture started mid-connection): "
+                                 "not replayed")
+                continue
+            if f.api_key < 0 or SASL_TOKEN in f.flags:
+                r.explanation = "not a Kafka request (raw SASL token or malformed frame): " \
+                                "not replayed"
                 continue
             if select is not None and not select(f):
                 r.explanation = "not selected by the filter"
                 continue
-            if "redacted" in f.flags and f.api_key == SASL_AUTHENTICATE:
-                r.explanation = ("its credentials were redacted in the capture: not replayed "
-                                 "(record with --capture-secrets to replay authentication)")
+            if REDACTED_REQUEST in f.flags and not send_redacted:
+                r.explanation = (
+                    "its credentials were redacted in the capture: not replayed (record with "
+                    "--capture-secrets to replay authentication)"
+                    if f.api_key == SASL_AUTHENTICATE else
+                    "secret values in its request were redacted in the capture: not replayed, "
+                    "so the broker is not sent the redaction marker as a value (record with "
+                    "--capture-secrets, or replay with --send-redacted)")
                 continue
             self.selected.append(f)
         self._done: dict[int, asyncio.Event] = {}

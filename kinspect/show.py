@@ -347,8 +347,9 @@ def flow_row(flow: Any, topic_ids: TopicIds | None = None, *,
 def flow_table(flows: Iterable[Any], topic_ids: TopicIds | None = None,
                title: str | None = None) -> Table:
     """A :class:`rich.table.Table` of :func:`flow_row` rows (errors in red,
-    undecoded flows in yellow)."""
-    t = Table(title=title, expand=False, pad_edge=False)
+    undecoded flows in yellow). ``title`` is plain text (a file name or an address
+    with ``[...]`` in it is shown as it is, not read as markup)."""
+    t = Table(title=None if title is None else Text(title), expand=False, pad_edge=False)
     rows = [(f, flow_row(f, topic_ids)) for f in flows]
     for key, header, justify in COLUMNS:
         wrap = key in _WRAPPING

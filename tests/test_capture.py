@@ -241,6 +241,26 @@ def test_corrupt_line_in_the_middle_is_an_error(tmp_path):
     assert e.value.line == 3
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_blank_lines_are_skipped_wherever_they_are(tmp_path, gz):
+    """Blank lines (an editor, ``cat`` of files ending in an empty line) are skipped,
+    as ``kinspect decode --jsonl`` does; line numbers still count them."""
+    plain = tmp_path / "cap.jsonl"
+    write_flows(plain, metadata_flows(2))
+    lines = plain.read_bytes().splitlines(keepends=True)
+    text = b"\n" + lines[0] + b"  \n" + b"".join(lines[1:3]) + b"\n" + b"".join(lines[3:]) + b"\n"
+    path = tmp_path / ("blank.jsonl.gz" if gz else "blank.jsonl")
+    path.write_bytes(gzip.compress(text) if gz else text)
+    assert list(read_capture(path)) == list(read_capture(plain))
+    assert [f.response for f in load_capture(path, CODEC).flows] == \
+        [f.response for f in load_capture(plain, CODEC).flows]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_bytes(b"\n\n" + lines[0] + b"{not json\n" + lines[1])
+    with pytest.raises(CaptureError) as e:
+        list(read_capture(bad))
+    assert e.value.line == 4
+
+
 def test_missing_file_is_a_capture_error(tmp_path):
     with pytest.raises(CaptureError, match="no such file"):
         list(read_capture(tmp_path / "nope.jsonl"))
@@ -337,6 +357,27 @@ def test_raw_sasl_tokens_and_mutated_copies_are_redacted(tmp_path):
     sent = base64.b64decode(lines[2]["frame_sent"])
     assert b"s3cr3t" not in sent and len(sent) == len(mutated.request_sent)
     assert CODEC.decode_request(sent).body.AuthBytes == redaction_marker(len(SECRET) + 1)
+
+
+def test_unpaired_responses_are_redacted_past_their_correlation_id(tmp_path):
+    """A response the proxy could not pair (api unknown: -1) may be a SaslAuthenticate
+    answer; without --capture-secrets only its correlation id reaches the file."""
+    from kinspect.flows import UNPAIRED
+
+    answer = response_frame(36, 2, 8, ErrorCode=0, AuthBytes=SECRET)
+    stray = make_flow(1, -1, -1, 8, b"", answer)
+    stray.flags.add(UNPAIRED)
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, [stray])
+    [line] = lines_of(path)[1:]
+    stored = base64.b64decode(line["frame"])
+    assert line["dir"] == "resp" and line["redacted"] is True
+    assert stored == answer[:4] + redaction_marker(len(answer) - 4)
+    [flow] = load_capture(path, CODEC).flows
+    assert flow.correlation_id == 8 and UNPAIRED in flow.flags
+    kept = tmp_path / "kept.jsonl"
+    write_flows(kept, [stray], secrets=True)
+    assert base64.b64decode(lines_of(kept)[1]["frame"]) == answer
 
 
 def test_redaction_marker_is_documented_ascii_cut_to_length():
@@ -976,3 +1017,82 @@ def test_capture_process_used_on_a_second_event_loop_keeps_handing_on(tmp_path):
     finally:
         child.close()
     assert child.frames == 5 and child.lines == 6
+
+
+def test_response_without_its_request_is_unpaired(tmp_path):
+    """A later rotated part read alone starts with answers to requests of the part
+    before: those flows are flagged unpaired (and keep the api their line names)."""
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, metadata_flows(3))
+    lines = [x for x in lines_of(path) if not (x.get("flow") == 2 and x.get("dir") == "req")]
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    flows = load_capture(part, CODEC).flows
+    assert [(f.id, f.api_name, "unpaired" in f.flags) for f in flows] == [
+        (1, "Metadata", False), (2, "Metadata", True), (3, "Metadata", False)]
+    assert flows[1].request == b"" and flows[1].response_decoded.body.ClusterId == "c"
+    assert flows[1].latency_ns is None  # nothing to measure from
+    assert parse("~unpaired").matches(flows[1]) and not parse("~unpaired").matches(flows[0])
+
+
+def _edited_example(tmp_path: Path, edit) -> Path:
+    """The example capture with ``edit(record)`` applied to every frame line."""
+    out = tmp_path / "edited.jsonl"
+    lines = []
+    for r in lines_of(EXAMPLE):
+        if r.get("type") == "frame":
+            edit(r)
+        lines.append(json.dumps(r) + "\n")
+    out.write_text("".join(lines))
+    return out
+
+
+@pytest.mark.parametrize("key,value", [("conn", "c1"), ("conn", None), ("conn", 1.5),
+                                       ("ts_ns", "yesterday"), ("flow", "7"),
+                                       ("api_key", True)])
+def test_a_frame_line_with_a_non_integer_id_is_an_error_naming_its_line(tmp_path, key, value,
+                                                                         capsys):
+    """Capture ids are JSON integers (as ``decode --jsonl`` also requires): another
+    value is a CaptureError naming the file and line, for every reader."""
+    path = _edited_example(tmp_path, lambda r: r.__setitem__(key, value))
+    with pytest.raises(CaptureError) as e:
+        load_capture(path, CODEC)
+    # line 3: the first frame line, after the session and conn lines
+    assert e.value.line == 3 and e.value.path == str(path) and key in str(e.value)
+    with pytest.raises(CaptureError, match="record 1"):  # records not from a file
+        flows_from_records([{"type": "frame", "dir": "req", "frame": "", "conn": 1, key: value}],
+                           CODEC)
+    pcap = str(tmp_path / "x.pcapng")
+    for argv in (["show", str(path)], ["export", str(path), "--pcapng", pcap],
+                 ["replay", str(path), "--upstream", "127.0.0.1:1"]):
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert f"{path}:3:" in err and "must be an integer" in err, err
+
+
+def test_a_null_ts_ns_means_not_known(tmp_path, capsys):
+    """``"ts_ns": null`` is read as an absent time stamp (other tools' captures need
+    only conn, dir and frame): show and export work."""
+    path = _edited_example(tmp_path, lambda r: r.__setitem__("ts_ns", None))
+    flows = load_capture(path, CODEC).flows
+    assert len(flows) == len(load_capture(EXAMPLE, CODEC).flows)
+    assert all(f.request_ns == 0 for f in flows)
+    assert cli.main(["show", str(path)]) == 0
+    assert cli.main(["export", str(path), "--pcapng", str(tmp_path / "x.pcapng")]) == 0
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_captures_appended_to_each_other_keep_all_their_flows(tmp_path):
+    """``cat a.jsonl b.jsonl``: the second capture numbers its flows and connections
+    from 1 again; its flows must not overwrite the first capture's."""
+    one = load_capture(EXAMPLE, CODEC).flows
+    both = tmp_path / "both.jsonl"
+    both.write_bytes(EXAMPLE.read_bytes() * 2)
+    flows = load_capture(both, CODEC).flows
+    assert len(flows) == 2 * len(one)
+    assert len({f.id for f in flows}) == len(flows)
+    first, second = flows[:len(one)], flows[len(one):]
+    assert {f.conn for f in first}.isdisjoint({f.conn for f in second})
+    for a, b, c in zip(one, first, second):
+        assert a.request == b.request == c.request and a.response == b.response == c.response
+        assert a.flags == b.flags == c.flags

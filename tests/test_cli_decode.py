@@ -310,3 +310,44 @@ def test_api_versions_error_body_decoded_as_v0_round_trips(tmp_path, capsys):
     (tmp_path / "resp.json").write_text(json.dumps(doc))
     assert main(["encode", str(tmp_path / "resp.json"), "--hex"]) == 0
     assert capsys.readouterr().out.strip() == frame.hex()
+
+
+def test_jsonl_decode_of_a_truncated_gzip_capture_warns_and_keeps_what_it_read(tmp_path,
+                                                                             capsys):
+    """A gzip capture cut short (its writer killed): the lines before the cut are
+    decoded, then a warning, as ``kinspect show`` does; no traceback."""
+    import warnings
+
+    from kinspect.capture import CaptureWarning, read_capture
+
+    src = Path(__file__).resolve().parents[1] / "captures" / "example.jsonl"
+    whole = gzip.compress(src.read_bytes())
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(whole[:len(whole) // 2])
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always", CaptureWarning)
+        readable = len(list(read_capture(cut)))
+    assert main(["decode", "--jsonl", str(cut)]) == 0
+    captured = capsys.readouterr()
+    out = [json.loads(x) for x in captured.out.splitlines()]
+    assert 0 < len(out) == readable
+    assert all("error" not in x for x in out)
+    assert "compressed data ends early" in captured.err
+    assert f"the lines after {readable} are lost" in captured.err
+
+
+@pytest.mark.parametrize("conn", ["c1", None, 1.0])
+def test_jsonl_conn_must_be_an_integer_as_in_captures(tmp_path, capsys, conn):
+    """``conn`` is an integer, as for every capture reader: another value makes that
+    line an error line (the run goes on); lines without ``conn`` are one connection."""
+    req, resp = _metadata_pair()
+    src = tmp_path / "in.jsonl"
+    b64 = base64.b64encode
+    src.write_text("".join(json.dumps(x) + "\n" for x in [
+        {"conn": conn, "dir": "req", "frame": b64(req).decode()},
+        {"dir": "req", "frame": b64(req).decode()},
+        {"dir": "resp", "frame": b64(resp).decode()}]))
+    assert main(["decode", "--jsonl", str(src)]) == 0
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert "'conn' must be an integer" in out[0]["error"]["error"]
+    assert [x["decoded"]["api"] for x in out[1:]] == ["Metadata", "Metadata"]

@@ -95,3 +95,74 @@ def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
     assert proc.returncode == 0, err
     assert "Metadata v12 corr=5" in out
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("why", ["filter", "rules", "port"])
+def test_proxy_start_up_failure_leaves_an_existing_capture_alone(tmp_path, why):
+    """A start-up that fails before any traffic (bad filter, bad rules, listen port
+    in use) neither truncates the capture named by --capture nor leaves its writer
+    behind (the child would report a broken pipe once the proxy is gone)."""
+    from pathlib import Path
+
+    capture = tmp_path / "keep.jsonl"
+    example = Path(__file__).resolve().parents[1] / "captures" / "example.jsonl"
+    capture.write_bytes(example.read_bytes())
+    before = capture.read_bytes()
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen(1)
+    try:
+        listen = f"127.0.0.1:{busy.getsockname()[1]}" if why == "port" else "127.0.0.1:0"
+        extra = {"filter": ["--filter", "~bogus"], "rules": ["--inject", "bogus"],
+                 "port": []}[why]
+        proc = run("proxy", "--upstream", "127.0.0.1:1", "--listen", listen, "--capture",
+                   str(capture), "--no-tui", *extra)
+    finally:
+        busy.close()
+    assert proc.returncode == 1, proc.stderr
+    assert "kinspect: error:" in proc.stderr
+    assert "Broken pipe" not in proc.stderr and "capture process" not in proc.stderr, proc.stderr
+    assert capture.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.jsonl"]
+
+
+def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, tmp_path):
+    """SIGKILL of the proxy: its capture child writes what it was handed, closes the
+    file and exits without complaining (it used to report a broken pipe while telling
+    its counts to the dead proxy)."""
+    import os
+    import signal
+    import time
+
+    from kinspect.brokers import free_port
+    from kinspect.capture import load_capture
+    from proxyutil import exchange_sync, request_bytes
+
+    port = free_port()
+    capture = tmp_path / "killed.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
+                             tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--no-tui",
+                             "--capture", str(capture)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                exchange_sync("127.0.0.1", port, [request_bytes(3, 12, 5, Topics=None)])
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError("proxy did not come up")
+                time.sleep(0.1)
+        time.sleep(1.0)  # past the pipeline's and the hand-off's batching delays
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    # the child shares the proxy's stderr: end of file once it has exited too
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert "Broken pipe" not in err and "capture process" not in err, err
+    flows = load_capture(capture).flows
+    assert [(f.api_name, f.correlation_id, f.response is not None) for f in flows] == [
+        ("Metadata", 5, True)]

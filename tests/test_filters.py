@@ -107,6 +107,39 @@ def test_errors_anywhere_in_the_response(flows):
     assert all(error_codes(f) for f in flows if f.id in errs)
 
 
+def _error_flow(fid: int, code: int) -> Flow:
+    from kinspect.codec.protocol import Response
+
+    md = CODEC.response_codec(3).cls
+    topic_cls = md._spec.field("Topics").struct.cls
+    f = Flow(fid, 1, "c:1", "u:2", 3, 12, fid, "Metadata", b"", 0)
+    f.response_decoded = Response(3, 12, fid, 1, None,
+                                  md(Topics=[topic_cls(Name="t", ErrorCode=code)]), 0,
+                                  "Metadata", 12)
+    return f
+
+
+@pytest.mark.parametrize("expr,codes", [
+    ("~err -1", [-1]),             # UNKNOWN_SERVER_ERROR, not "up to 1"
+    ("~err 3", [3]),
+    ("~err -1,36", [-1, 36]),
+    ("~err 1-10", [1, 3]),
+    ("~err 30-", [36]),
+    ("~err -1,1-3", [-1, 1, 3]),
+    ("~err", [-1, 1, 3, 36]),
+])
+def test_err_codes_negative_and_ranges(expr, codes):
+    all_codes = [-1, 0, 1, 3, 36]
+    flows = [_error_flow(i, c) for i, c in enumerate(all_codes)]
+    f = parse(expr)
+    assert [all_codes[fl.id] for fl in flows if f.matches(fl)] == codes
+
+
+def test_err_on_the_example_capture_minus_one_matches_nothing(flows):
+    """The example holds no UNKNOWN_SERVER_ERROR: ``~err -1`` selects no flow."""
+    assert select("~err -1", flows) == []
+
+
 def test_flags(flows):
     rewritten = ids(flows, lambda f: "rewritten" in f.flags)
     assert rewritten  # Metadata and FindCoordinator answers carry broker addresses
@@ -190,6 +223,8 @@ def test_implicit_and(flows):
     ("Produce", 0, "starting with '~'"),
     ("~v x", 3, "expected a number or range"),
     ("~v 9-7", 3, "empty range"),
+    ("~err x", 5, "expected an error code"),
+    ("~err 9-7", 5, "empty range"),
     ("~dir sideways", 5, "~dir takes req, resp"),
     ("~client '(' ", 8, "bad regular expression"),
     ("~client 'open", 8, "unterminated"),

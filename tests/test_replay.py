@@ -288,3 +288,173 @@ def test_redacted_authentication_is_skipped_with_a_reason(tmp_path, free_port):
                                   timeout=2, connect_timeout=2).run())
     [r] = report.results
     assert r.status == "skipped" and "redacted" in r.explanation
+
+
+def _response(api_key: int, **fields):
+    c = codec()
+    spec = c.registry.response(api_key)
+    return spec, c.registry.codec(spec).cls(**fields)
+
+
+def test_keyed_arrays_pair_by_key_and_report_extra_elements():
+    """ApiVersions' ApiKeys are keyed by ApiKey: a broker that knows one api more
+    differs by one extra element, not by every element after it."""
+    spec, _ = _response(18)
+    K = spec.struct.field("ApiKeys").struct.cls
+
+    def body(keys):
+        return _response(18, ErrorCode=0, ApiKeys=[K(ApiKey=k, MinVersion=0, MaxVersion=k + 1)
+                                                  for k in keys])[1]
+
+    rules = IgnoreRules(DEFAULT_IGNORE)
+    diffs = diff_structs(body([0, 1, 3, 8]), body([0, 1, 2, 3, 8]), "ApiVersions", rules)
+    assert [(d.path, d.kind, d.replayed["ApiKey"]) for d in diffs] == [("ApiKeys[2]", "extra", 2)]
+    diffs = diff_structs(body([0, 1, 3, 8]), body([8, 3, 0]), "ApiVersions", rules)
+    assert [(d.path, d.kind, d.recorded["ApiKey"]) for d in diffs] == [("ApiKeys[1]", "missing",
+                                                                       1)]
+    # the same keys in another order: no difference at all
+    assert diff_structs(body([0, 1, 3]), body([3, 0, 1]), "ApiVersions", rules) == []
+
+
+def test_keyed_leftovers_pair_by_position():
+    """Elements whose keys differ on both sides (another broker's node id) are still
+    compared field by field, so volatile keys stay ignored."""
+    spec, _ = _response(3)
+    B = spec.struct.field("Brokers").struct.cls
+    _, a = _response(3, Brokers=[B(NodeId=1, Host="a", Port=9092)], Topics=[])
+    _, b = _response(3, Brokers=[B(NodeId=0, Host="b", Port=9093)], Topics=[])
+    diffs = diff_structs(a, b, "Metadata", IgnoreRules(DEFAULT_IGNORE))
+    assert {d.path for d in diffs} == {"Brokers[0].NodeId", "Brokers[0].Host", "Brokers[0].Port"}
+    assert all(d.rule for d in diffs)
+
+
+def test_topic_ids_are_learned_by_topic_name():
+    """A replayed Metadata answer with one topic more must not map the recorded id of
+    "orders" to the id of whatever topic comes first."""
+    c = codec()
+    spec, _ = _response(3)
+    T = spec.struct.field("Topics").struct.cls
+    A, B, X = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
+    _, recorded = _response(3, Topics=[T(Name="orders", TopicId=A)])
+    _, replayed = _response(3, Topics=[T(Name="audit", TopicId=X), T(Name="orders", TopicId=B)])
+    mapper = IdMapper()
+    mapper.learn(recorded, replayed, None, 1)
+    fspec = c.registry.request(1)
+    F = c.registry.codec(fspec).cls
+    fetch = F(Topics=[fspec.struct.field("Topics").struct.cls(TopicId=A)])
+    mapper.rewrite(fetch)
+    assert fetch.Topics[0].TopicId == B
+    # a topic that is only on one side teaches nothing, even at the same position
+    _, other = _response(3, Topics=[T(Name="audit", TopicId=X)])
+    fresh = IdMapper()
+    assert fresh.learn(recorded, other, None, 1) == []
+    assert fresh.mapping == {}
+
+
+def test_response_without_its_request_is_not_replayed(tansu, tmp_path):
+    """A rotated part that starts with the answer to a request of the part before:
+    that flow is skipped with a reason, nothing is sent for it, the rest replays."""
+    from kinspect.capture import read_capture
+    from kinspect.codec.protocol import Response
+    from kinspect.flows import Flow
+
+    c = codec()
+    cls = c.response_codec(3).cls
+    flows = []
+    for fid, corr in ((1, 4), (2, 5)):
+        f = Flow(fid, 1, "127.0.0.1:5", tansu.bootstrap, 3, 12, corr, "Metadata",
+                 request_bytes(3, 12, corr, Topics=None), 10 * fid)
+        f.response = c.encode_response(Response(3, 12, corr, 1, None, cls(ClusterId="c"), 0, "",
+                                                12))
+        f.response_ns = 10 * fid + 5
+        flows.append(f)
+    whole = tmp_path / "whole.jsonl"
+    w = CaptureWriter(whole, c, upstream=tansu.bootstrap)
+    for f in flows:
+        w.on_request(f)
+        w.on_flow(f)
+    w.close()
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(json.dumps(r) + "\n" for r in read_capture(whole)
+                            if not (r.get("flow") == 1 and r.get("dir") == "req")))
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    report = asyncio.run(Replayer(c, load_flows(part, c), (host, int(port)), speed=None,
+                                  timeout=10).run())
+    by_id = {r.flow.id: r for r in report.results}
+    assert by_id[1].status == "skipped" and "request is not in the capture" in \
+        by_id[1].explanation
+    assert by_id[2].status not in ("skipped", "failed"), by_id[2].explanation
+
+
+def test_unknown_tagged_fields_are_compared():
+    """A tagged field no spec knows (KIP-482) that differs is a difference, at the
+    top level and inside array elements; ``--ignore _unknown_tags`` hides it."""
+    spec, _ = _response(18)
+    K = spec.struct.field("ApiKeys").struct.cls
+
+    def body(top, inner):
+        return _response(18, ErrorCode=0, unknown_tags=top,
+                         ApiKeys=[K(ApiKey=0, MinVersion=0, MaxVersion=9, unknown_tags=inner)])[1]
+
+    rules = IgnoreRules(DEFAULT_IGNORE)
+    assert diff_structs(body({9: b"\x01"}, None), body({9: b"\x01"}, None), "ApiVersions",
+                        rules) == []
+    diffs = diff_structs(body({9: b"\x01"}, {5: b"ab"}), body({9: b"\x02"}, None), "ApiVersions",
+                         rules)
+    assert [(d.path, d.kind, d.recorded, d.replayed, d.rule) for d in diffs] == [
+        ("ApiKeys[0]._unknown_tags.5", "unknown-tag", "6162", None, None),
+        ("_unknown_tags.9", "unknown-tag", "01", "02", None)]
+    ignoring = IgnoreRules([*DEFAULT_IGNORE, "_unknown_tags"])
+    assert all(d.rule for d in diff_structs(body({9: b"\x01"}, {5: b"ab"}),
+                                            body({9: b"\x02"}, None), "ApiVersions", ignoring))
+
+
+def test_redacted_request_values_are_not_sent_unless_asked(tmp_path, free_port):
+    """An AlterConfigs recorded without --capture-secrets holds the redaction marker
+    where the password was: replaying it would set the marker as the config value.
+    It is skipped with a reason unless send_redacted; a flow whose *response* alone
+    was redacted (DescribeConfigs) is replayed as usual."""
+    from kinspect.codec.protocol import Response
+    from kinspect.codec.values import struct_class
+    from kinspect.flows import Flow
+
+    c = codec()
+    spec = c.request_codec(33).spec.struct
+    res_cls = struct_class(spec.field("Resources").struct)
+    cfg_cls = struct_class(spec.field("Resources").struct.field("Configs").struct)
+    alter = request_bytes(33, 1, 1, Resources=[res_cls(
+        ResourceType=2, ResourceName="t",
+        Configs=[cfg_cls(Name="ssl.keystore.password", Value="hunter2")])], ValidateOnly=True)
+    dspec = c.response_codec(32).spec.struct
+    dres = struct_class(dspec.field("Results").struct)
+    dcfg = struct_class(dspec.field("Results").struct.field("Configs").struct)
+    describe_resp = c.encode_response(Response(32, 1, 2, 0, None, c.response_codec(32).cls(
+        Results=[dres(ErrorCode=0, ResourceType=2, ResourceName="t", Configs=[
+            dcfg(Name="ssl.keystore.password", Value="hunter2", ReadOnly=False,
+                 ConfigSource=1, IsSensitive=False)])]), 0, "", 1))
+    flows = []
+    for fid, key, ver, corr, req, resp in (
+            (1, 33, 1, 1, alter, None),
+            (2, 32, 1, 2, request_bytes(32, 1, 2, Resources=[]), describe_resp)):
+        f = Flow(fid, 1, "127.0.0.1:5", "127.0.0.1:9092", key, ver, corr, "", req, fid)
+        f.response, f.response_ns = resp, None if resp is None else fid + 1
+        flows.append(f)
+    path = tmp_path / "cfg.jsonl"
+    w = CaptureWriter(path, c, upstream="127.0.0.1:9092")
+    for f in flows:
+        w.on_request(f)
+        w.on_flow(f)
+    w.close()
+    loaded = load_flows(path, c)
+    assert b"hunter2" not in loaded[0].request and "redacted-request" in loaded[0].flags
+    assert "redacted" in loaded[1].flags and "redacted-request" not in loaded[1].flags
+
+    def run(**kw):
+        rep = Replayer(c, load_flows(path, c), ("127.0.0.1", free_port), speed=None, timeout=2,
+                       connect_timeout=2, **kw)
+        return {r.flow.id: r for r in asyncio.run(rep.run()).results}
+
+    by_id = run()
+    assert by_id[1].status == "skipped" and "--send-redacted" in by_id[1].explanation
+    assert by_id[2].status == "failed"  # sent (nothing listens there), not skipped
+    assert run(send_redacted=True)[1].status == "failed"

@@ -213,3 +213,26 @@ async def test_successive_identical_requests_get_successive_recorded_responses(r
     served = [e for e in broker.served if e["api"] == "Metadata"]
     assert [e["flow"] for e in served] == [f.id for f in same] + [same[-1].id]
     assert [e["reused"] for e in served] == [False] * len(same) + [True]
+
+
+def test_serve_banner_prints_the_capture_name_as_it_is(recorded, tmp_path):
+    """``[red]`` in a file name is part of the name, not rich markup."""
+    path = tmp_path / "run[red].jsonl"
+    path.write_bytes(recorded.read_bytes())
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kinspect", "serve", str(path), "--listen", f"127.0.0.1:{port}"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True, env={**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "300"})
+    try:
+        ready = _wait_listening(port, proc, time.monotonic() + 20)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            out, err = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+    assert ready, err
+    assert f"from {path} on 127.0.0.1:{port}" in out + err, out + err

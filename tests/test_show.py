@@ -367,3 +367,16 @@ def test_names_from_the_wire_are_neither_markup_nor_terminal_control(tmp_path):
         upstream="127.0.0.1:2", elapsed_s=0.1, notes=["note [/] here"], mappings=[])
     out = shown(lambda c: replay_summary(c, report, "cap[/].jsonl"))
     assert "cap[/].jsonl" in out and "note [/] here" in out and "[/] differs" in out
+
+
+def test_show_title_is_plain_text_not_markup(tmp_path, capsys, monkeypatch):
+    """A file name or an upstream address with brackets is printed as it is."""
+    monkeypatch.setenv("COLUMNS", "250")
+    lines = EXAMPLE.read_text().splitlines(keepends=True)
+    session = json.loads(lines[0])
+    session["upstream"] = "[fd12:3456::1]:9092"
+    path = tmp_path / "run[red].jsonl"
+    path.write_text(json.dumps(session) + "\n" + "".join(lines[1:]))
+    assert cli.main(["show", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert f"{path}: " in out and "upstream [fd12:3456::1]:9092" in out, out[:400]

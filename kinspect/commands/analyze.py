@@ -56,6 +56,7 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from ..analysis.summary import print_summary
 
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     for item in args.conf:
         k, sep, v = item.partition("=")
         if not sep:
-            console.print(f"[red]--conf expects KEY=VALUE, got {item!r}[/]")
+            console.print(f"[red]--conf expects KEY=VALUE, got {escape(repr(item))}[/]")
             return 2
         conf[k] = v
     if args.engine == "python":
@@ -101,5 +102,5 @@ def run(args: argparse.Namespace) -> int:
             path = Path("report.html") if "://" in args.out else out / "report.html"
         write_report(result, path)
         if not args.quiet:
-            console.print(f"report: {path}")
+            console.print(f"report: {path}", markup=False)
     return 0

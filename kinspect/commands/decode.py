@@ -16,14 +16,17 @@ Batch (logs, captures)::
 
 Input lines are ``{"conn": ..., "dir": "req"|"resp", "frame": "<base64, no size
 prefix>", ...}``; capture files (kinspect's capture format, ``.jsonl`` or
-``.jsonl.gz``) are a superset and work as they are. A response is typed by the
-request with its correlation id on the same ``conn`` (or by the line's own
-``api_key``/``api_version``). Each output line keeps every input key in place and
+``.jsonl.gz``) are a superset and work as they are. ``conn`` is an integer, as in
+captures (a line with another value is an error line; lines without ``conn`` are
+taken as one connection). A response is typed by the request with its correlation
+id on the same ``conn`` (or by the line's own ``api_key``/``api_version``). Each output line keeps every input key in place and
 puts ``"decoded"`` where ``"frame"`` was; ``kinspect encode --jsonl`` puts the
 re-encoded ``"frame"`` back, so decode then encode reproduces the input lines. A
 frame that fails to decode keeps its ``"frame"`` and gains an ``"error"`` object
 (DecodeError's ``error``, ``offset``, ``expected``, ``path``, ``api``, ``version``);
 the run goes on. Lines without a frame (capture session/conn lines) pass through.
+A ``.jsonl.gz`` cut short (its writer killed) is read up to the cut, then a warning
+says how many lines were read (as ``kinspect show`` does).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ import io
 import json
 import struct
 import sys
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -332,7 +336,10 @@ def _response_type(codec: Any, args: argparse.Namespace) -> tuple[int, int]:
     return key, args.api_version
 
 
-def _lines(path: str) -> Iterator[str]:
+def _lines(path: str, verb: str = "decode") -> Iterator[str]:
+    """The lines of ``path`` (``-``: stdin), gzip or not. A gzip stream cut short (a
+    capture whose writer was killed) ends the lines with a warning on stderr, like
+    ``kinspect show``: the lines before the cut are all there is."""
     if path == "-":
         yield from sys.stdin
         return
@@ -341,7 +348,14 @@ def _lines(path: str) -> Iterator[str]:
         fh.seek(0)
         stream = gzip.open(fh, "rt", encoding="utf-8") if magic == b"\x1f\x8b" else \
             io.TextIOWrapper(fh, encoding="utf-8")
-        yield from stream
+        n = 0
+        try:
+            for line in stream:
+                n += 1
+                yield line
+        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+            print(f"kinspect {verb}: warning: {path}: compressed data ends early ({e}); "
+                  f"the lines after {n} are lost", file=sys.stderr, flush=True)
 
 
 def _replace_key(d: dict, old: str, new: str, value: Any) -> dict:
@@ -374,7 +388,7 @@ def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
     out = _open_out(args.output)
     n = errors = 0
     try:
-        for lineno, line in enumerate(_lines(args.jsonl), 1):
+        for lineno, line in enumerate(_lines(args.jsonl, verb), 1):
             if not line.strip():
                 continue
             rec = _json_line(line, lineno, out)
@@ -417,7 +431,10 @@ def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
 def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
     from ..codec import DecodeError
 
-    conn = json.dumps(rec.get("conn"))  # any JSON value identifies a connection
+    conn = rec.get("conn")
+    if "conn" in rec and type(conn) is not int:
+        # as every capture reader (kinspect.capture): a connection is an integer
+        raise InputError(f"'conn' must be an integer, got {json.dumps(conn)}")
     direction = rec.get("dir")
     if direction == "req":
         msg = codec.decode_request(frame)

@@ -101,29 +101,35 @@ def _view(args: argparse.Namespace, proxy: Any, title: str):
 
 async def _serve(args: argparse.Namespace, proxy: Any, title: str,
                  stop: asyncio.Event, started: "asyncio.Future | None" = None) -> None:
-    from ..capture import capture_addon_from_args
+    """Run the proxy until ``stop`` is set.
 
-    codec = proxy.codec
-    capture = capture_addon_from_args(args, proxy.config, codec)
-    if capture is not None:
-        proxy.pipeline.add(capture)
+    What can fail before any traffic (a bad filter, bad rules, a listen address in
+    use) is checked before the capture file is created, so a failed start leaves an
+    existing capture as it was; once the capture exists, it is closed (its child
+    stopped) whatever happens next."""
     from rich.console import Console
 
+    from ..capture import capture_addon_from_args
     from ..proxy.rules import install_rules
 
+    codec = proxy.codec
     err_console = Console(stderr=True)
-    ruleset = install_rules(args, proxy, codec, err_console)
     view = _view(args, proxy, title)
-    proxy.pipeline.add(view)
-    await proxy.start()
-    if not hasattr(view, "start"):
-        print("kinspect: listening on %s:%d, forwarding to %s:%d" % (*proxy.address,
-              *proxy.config.upstream), file=sys.stderr, flush=True)
-    else:
-        view.start()
-    if started is not None and not started.done():
-        started.set_result(proxy.address)
+    ruleset = install_rules(args, proxy, codec, err_console)
+    proxy.bind()
     try:
+        capture = capture_addon_from_args(args, proxy.config, codec)
+        if capture is not None:
+            proxy.pipeline.add(capture)
+        proxy.pipeline.add(view)
+        await proxy.start()
+        if not hasattr(view, "start"):
+            print("kinspect: listening on %s:%d, forwarding to %s:%d" % (*proxy.address,
+                  *proxy.config.upstream), file=sys.stderr, flush=True)
+        else:
+            view.start()
+        if started is not None and not started.done():
+            started.set_result(proxy.address)
         await stop.wait()
     finally:
         await proxy.close()

@@ -6,7 +6,10 @@ Every recorded client connection is re-opened to the one ``--upstream`` broker
 in recorded order, pipelined as recorded, with fresh correlation ids; ids the
 broker hands out (member id, generation, producer id/epoch, fetch session, topic
 ids) are carried forward into later requests. Volatile fields (timestamps, node
-ids and addresses, epochs...) are ignored; ``--ignore`` adds patterns.
+ids and addresses, epochs...) are ignored; ``--ignore`` adds patterns. Requests
+whose secrets were redacted in the capture (recorded without ``--capture-secrets``)
+are skipped, so the broker never gets the redaction marker as a password or config
+value; ``--send-redacted`` sends them anyway.
 
 Examples::
 
@@ -49,6 +52,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "group (offsets, records, errors); added to the default list")
     p.add_argument("--no-default-ignore", action="store_true",
                    help="compare every field, volatile ones included")
+    p.add_argument("--send-redacted", action="store_true",
+                   help="also replay requests whose secrets were redacted in the capture "
+                        "(config passwords, SCRAM credentials, token HMACs, SASL bytes), "
+                        "with the redaction marker as the value; by default they are "
+                        "skipped")
     p.add_argument("--timeout", type=float, default=30.0, metavar="S",
                    help="seconds to wait for each response (default 30)")
     add_spec_options(p)
@@ -57,6 +65,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from ..filters import TopicIds, parse
@@ -95,7 +104,8 @@ def run(args: argparse.Namespace) -> int:
             progress.update(task, advance=1, counts=text())
 
         replayer = Replayer(codec, flows, upstream, speed=speed, ignore=ignore, select=select,
-                            timeout=args.timeout, progress=on_result)
+                            timeout=args.timeout, progress=on_result,
+                            send_redacted=args.send_redacted)
         task = progress.add_task("replay", total=len(replayer.selected), counts=text())
         report = run_with_uvloop(replayer.run())
 
@@ -103,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         with open(args.report, "w", encoding="utf-8") as fh:
             json.dump({"capture": args.capture, **report.to_dict()}, fh, indent=1)
-        Console().print(f"report written to [bold]{args.report}[/]")
+        Console().print(f"report written to [bold]{escape(args.report)}[/]")
     c = report.counts()
     return 0 if c["differing"] == 0 and c["failed"] == 0 else 1
 
@@ -121,7 +131,7 @@ def print_summary(console, report, capture: str) -> None:
                                                  "skipped": 0})
         d[r.status] += 1
     c = report.counts()
-    t = Table(title=f"replay of {escape(capture)} against {report.upstream} "
+    t = Table(title=f"replay of {escape(capture)} against {escape(report.upstream)} "
                     f"({report.elapsed_s:.1f} s)")
     for col in ("api", "matched", "differing", "failed", "skipped"):
         t.add_column(col, justify="left" if col == "api" else "right")

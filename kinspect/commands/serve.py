@@ -40,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
+    from rich.markup import escape
 
     from ..replay import DEFAULT_IGNORE, load_flows, run_with_uvloop
     from ..serve import CaptureBroker
@@ -62,7 +63,8 @@ def run(args: argparse.Namespace) -> int:
         await broker.start()
         host, port = broker.address
         console.print(f"serving {len(broker.index)} recorded responses from "
-                      f"[bold]{args.capture}[/] on [bold]{host}:{port}[/]", highlight=False)
+                      f"[bold]{escape(args.capture)}[/] on [bold]{escape(host)}:{port}[/]",
+                      highlight=False)
         try:
             await stop.wait()
         finally:

@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     console = Console()
     console.print("[bold]Spec search path[/] (first wins):")
     for s in reg.sources:
-        console.print(f"  {s.origin:>14}  {s.kind:7}  {s.path}")
+        console.print(f"  {s.origin:>14}  {s.kind:7}  {s.path}", markup=False)
     t = Table(title=f"{len(rows)} APIs")
     for col in ("key", "api", "valid", "flexible", "source"):
         t.add_column(col, justify="right" if col == "key" else "left")

@@ -99,9 +99,9 @@ def run(args: argparse.Namespace) -> int:
         report = run_matrix(cfg, codec, progress)
     console.print(report.table())
     for note in report.notes:
-        console.print(f"note: {note}", highlight=False)
+        console.print(f"note: {note}", highlight=False, markup=False)
     for name, why in report.skipped.items():
-        console.print(f"skipped {name}: {why}", highlight=False, style="dim")
+        console.print(f"skipped {name}: {why}", highlight=False, style="dim", markup=False)
     if report.truncated:
         console.print(f"[yellow]truncated:[/] {report.truncated}")
     s = report.summary()
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             with open(args.json, "w", encoding="utf-8") as fh:
                 fh.write(text + "\n")
-            console.print(f"JSON report: {args.json}", highlight=False)
+            console.print(f"JSON report: {args.json}", highlight=False, markup=False)
     if args.fail_on_intolerance and sum(s.values()) != s["tolerated"]:
         return 1
     return 0

@@ -491,6 +491,8 @@ class Proxy:
         self._next_conn = 0
         self._next_flow = 0
         self._closing = False
+        #: the bootstrap socket bound by bind() and not yet used by start()
+        self._sock: socket.socket | None = None
         self._tasks: set[asyncio.Task] = set()  # listener start-ups in flight
         self._rw_cache: dict[tuple[int, int], bool] = {}
         #: where reads are dropped into (a connection ending while a frame is read
@@ -533,8 +535,20 @@ class Proxy:
         h = self.config.listen[0]
         return "127.0.0.1" if h in ("", "0.0.0.0", "::") else h
 
+    def bind(self) -> None:
+        """Bind the bootstrap listener's socket now, before :meth:`start` (which uses
+        it): a port in use is then found before anything else is set up (a capture
+        file created). Idempotent.
+
+        Raises:
+            OSError: the listen address cannot be bound.
+        """
+        if self._sock is None:
+            self._sock = self._bind(self.config.listen[1])
+
     async def start(self) -> "Proxy":
-        sock = self._bind(self.config.listen[1])
+        self.bind()
+        sock, self._sock = self._sock, None
         listener = Listener(self, self.config.upstream, sock)
         self.listeners[self.config.upstream] = listener
         await listener.start()
@@ -558,6 +572,9 @@ class Proxy:
         if self._closing:
             return
         self._closing = True
+        if self._sock is not None:  # bound, never started
+            self._sock.close()
+            self._sock = None
         for lst in list(self.listeners.values()):
             lst.close()
         for c in list(self.connections):
