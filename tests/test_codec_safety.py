@@ -170,3 +170,34 @@ def test_decode_error_to_dict():
     d = ei.value.to_dict()
     assert d["path"] == "F" and d["offset"] == 0 and d["api"] == "X" and d["version"] == 0
     assert "exceeds" in d["error"]
+
+
+@pytest.mark.parametrize("flexible", [False, True])
+def test_arrays_of_fixed_width_structs_leave_no_memory_behind(flexible):
+    """Decoding an array of fixed-width structs keeps nothing that grows with the
+    element count. (A struct format of ``n`` repeated element formats was built and
+    cached per count: 40 frames of 3000..3039 elements, 1 MB of input, held 5 MB for
+    good.) The generated Python decoder is called directly: it is what decodes every
+    frame without the C path, and any frame the C path declines."""
+    c = inline({"name": "A", "type": "data", "validVersions": "0",
+                "flexibleVersions": "0+" if flexible else "none",
+                "fields": [{"name": "P", "type": "[]PS", "versions": "0+", "fields": [
+                    {"name": "I", "type": "int32", "versions": "0+"},
+                    {"name": "L", "type": "int64", "versions": "0+"}]}]})
+    P = c.spec.struct.field("P").struct.cls
+    cv = c.compiled(0)
+    frames = [c.encode(c.cls(P=[P(I=i, L=-i) for i in range(n)]), 0) for n in range(3000, 3040)]
+    cv.decode(frames[0], 0, len(frames[0]))  # anything built once per process
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for n, raw in zip(range(3000, 3040), frames):
+            value, end = cv.decode(raw, 0, len(raw))
+            assert end == len(raw) and len(value.P) == n and value.P[-1].L == 1 - n
+            del value
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 64 << 10, held
+    # the same through MessageCodec.decode (the C path when it is built)
+    assert c.decode(frames[-1], 0).P[5].I == 5

@@ -8,12 +8,14 @@ For each message version two variants are generated and compiled once with
   no call per element). Fixed-width runs are read with one precompiled
   :class:`struct.Struct` that also takes the next field's length prefix (int16,
   int32, or speculatively the first byte of a compact uvarint); arrays of
-  fixed-width primitives use per-count precompiled struct functions, arrays of
-  fixed-width structs one struct call for all elements when every tag section is
-  empty; one- and two-byte varints are read inline. Bounds are checked only where
-  a short slice or an allocation could otherwise pass silently: lengths and counts
-  are checked against the bytes left *before* anything is allocated
-  (KAFKA-14063);
+  fixed-width primitives use precompiled struct functions (a table per type for
+  counts below 128, else one repeat count), arrays of fixed-width structs iterate
+  one precompiled struct of one element over the bytes when every tag section is
+  empty. Nothing kept between calls grows with the input (no struct format is
+  built or cached per element count). One- and two-byte varints are read inline.
+  Bounds are checked only where a short slice or an allocation could otherwise
+  pass silently: lengths and counts are checked against the bytes left *before*
+  anything is allocated (KAFKA-14063);
 * the *traced* variant: one function per struct, every field checked and pushed
   on a trace stack. It runs only after the fast variant failed, to turn whatever
   went wrong into a :class:`~kinspect.codec.errors.DecodeError` (or
@@ -153,17 +155,11 @@ def _check_int(v: Any, t: str) -> None:
         raise EncodeError(f"{v!r} is not a valid {t}")
 
 
-_arr_cache: dict[tuple[str, int], Callable] = {}
-
-
 def _ua(code: str, n: int, buf: bytes, pos: int) -> list:
-    key = (code, n)
-    f = _arr_cache.get(key)
-    if f is None:
-        f = _struct.Struct(">%d%s" % (n, code)).unpack_from
-        if len(_arr_cache) < 4096:
-            _arr_cache[key] = f
-    return list(f(buf, pos))
+    """``n`` fixed-width ``code`` values at ``pos``. The format ``">{n}{code}"`` is
+    one repeat count, not ``n`` codes, and is not kept here (the struct module's own
+    small cache may hold it)."""
+    return list(_struct.unpack_from(">%d%s" % (n, code), buf, pos))
 
 
 def _pa(code: str, v: list) -> bytes:
@@ -171,21 +167,6 @@ def _pa(code: str, v: list) -> bytes:
 
 
 _TABLE = 128
-_BATCH_MAX = 4096
-_FA_CACHE: dict[tuple[str, int], Callable] = {}
-
-
-def _fa(fmt: str, n: int) -> Callable:
-    """``unpack_from`` of ``n`` repetitions of ``fmt`` (cached)."""
-    key = (fmt, n)
-    f = _FA_CACHE.get(key)
-    if f is None:
-        f = _struct.Struct(">" + fmt * n).unpack_from
-        if len(_FA_CACHE) < 2048:
-            _FA_CACHE[key] = f
-    return f
-
-
 _CODE_NAMES = {"?": "bool", "B": "u8", "b": "i8", "h": "i16", "H": "u16", "i": "i32", "I": "u32",
                "q": "i64", "d": "f64"}
 _TABLES: dict[tuple[str, bool, str], list] = {}
@@ -207,10 +188,10 @@ def _mark_present(o: Struct, tag: int) -> None:
 
 BASE_NS: dict[str, Any] = {
     "_new": object.__new__, "_uv": read_uvarint, "_uvl": _uvl, "_zz32": _zz32,
-    "_zz64": _zz64, "_wuv": write_uvarint, "_fa": _fa, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
+    "_zz64": _zz64, "_wuv": write_uvarint, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
     "_pa": _pa, "_DE": _derr, "_EE": EncodeError, "_ci": _check_int,
     "_mark": _mark_present, "_str": str, "_len": len, "_bytes": bytes, "_list": list,
-    "_isinst": isinstance, "_Struct": Struct, "_range": range,
+    "_isinst": isinstance, "_Struct": Struct, "_range": range, "_mv": memoryview,
     "_ph": _struct.Struct(">h").pack, "_pi": _struct.Struct(">i").pack,
     "_uh": _struct.Struct(">h").unpack_from, "_ui": _struct.Struct(">i").unpack_from,
     "_ub": _struct.Struct(">b").unpack_from, "_getp": getattr,
@@ -647,28 +628,23 @@ class _Unit:
         return bool(wire) and all(self.is_fixed(f) for f in wire)
 
     def batch_decode(self, ind: int, st: StructSpec, n: str, a: str, ap: str) -> int:
-        """Decode an array of fixed-width elements with one struct call when every
-        element has an empty tag section; returns the indent of the general loop
-        that runs otherwise."""
+        """Decode an array of fixed-width elements with one precompiled struct of one
+        element (``iter_unpack`` over a view of the bytes, nothing copied or cached
+        per count) when every element has an empty tag section; returns the indent of
+        the general loop that runs otherwise."""
         v = self.version
         wire = [f for f in st.fields if self.present(f) and not f.tagged_in(v)]
         fmt = "".join(FIXED[f.type][0] for f in wire) + ("B" if self.flexible else "")
         size = _struct.calcsize(">" + fmt)
-        m = len(wire) + (1 if self.flexible else 0)
-        vals, it, e = self.tmp("bv"), self.tmp("it"), self.tmp("e")
+        it, e = self._c(_struct.Struct(">" + fmt).iter_unpack), self.tmp("e")
         self.emit(ind, f"{e} = pos + {n} * {size}")
-        cond = f"{e} <= end and 2 < {n} < {_BATCH_MAX}"
-        self.emit(ind, f"if {cond}:")
-        self.emit(ind + 1, f"{vals} = _fa({fmt!r}, {n})(buf, pos)")
+        cond = f"{n} > 2 and {e} <= end"
         if self.flexible:
-            self.emit(ind + 1, f"if any({vals}[{m - 1}::{m}]):")
-            self.emit(ind + 2, f"{e} = -1")
-        self.emit(ind, "else:")
-        self.emit(ind + 1, f"{e} = -1")
-        self.emit(ind, f"if {e} >= 0:")
+            # every element's tag section (its last byte) is empty
+            cond += f" and buf[pos + {size - 1}:{e}:{size}].count(0) == {n}"
+        self.emit(ind, f"if {cond}:")
         names = [self.tmp("f") for _ in wire] + (["_"] if self.flexible else [])
-        self.emit(ind + 1, f"{it} = iter({vals})")
-        self.emit(ind + 1, f"for {', '.join(names)}, in zip({', '.join([it] * m)}):")
+        self.emit(ind + 1, f"for {', '.join(names)}, in {it}(_mv(buf)[pos:{e}]):")
         x = self.tmp("x")
         self.emit(ind + 2, f"{x} = _new({self.cls_name(st)})")
         for f in st.fields:
