@@ -122,10 +122,9 @@ def both(codec, buf: bytes, version: int, pos: int = 0, end: int | None = None):
     except DECODE_FAILURES:  # raised by a Python tag-section function: declined
         nat = None
     try:
-        py = cv.decode(buf, pos, end)
+        # as MessageCodec.decode_from calls it: with a buffer that ends at `end`
+        py = cv.decode(buf[:end] if end < len(buf) else buf, pos, end)
     except DECODE_FAILURES:  # how the generated decoder fails
-        py = None
-    if py is not None and py[1] > end:  # read past `end` (caught by MessageCodec.decode)
         py = None
     return nat, py
 

@@ -201,3 +201,52 @@ def test_arrays_of_fixed_width_structs_leave_no_memory_behind(flexible):
     assert held < 64 << 10, held
     # the same through MessageCodec.decode (the C path when it is built)
     assert c.decode(frames[-1], 0).P[5].I == 5
+
+
+@pytest.mark.parametrize("flexible,wire,end,offset,expected,path", [
+    # int32 A, then int32 B: B would need the bytes after `end`
+    (False, "00 00 00 05 00 00 00 07", 6, 4, "int32", "B"),
+    (False, "00 00 00 05 00 00 00 07", 2, 0, "int32", "A"),
+    # the tag section would start at `end`
+    (True, "00 00 00 05 00 00 00 07 00", 8, 8, "tag section", None),
+    # a tag of the tag section lies past `end`
+    (True, "00 00 00 05 00 00 00 07 01 00 00", 9, 8, "tag section", None),
+])
+def test_decode_from_reads_nothing_at_or_after_end(flexible, wire, end, offset, expected, path):
+    """``decode_from(buf, v, pos, end)`` and ``decode`` treat ``end`` as the end of
+    the message: a message that needs bytes past it is truncated there (a
+    DecodeError with the offset and what was expected), whatever follows in
+    ``buf``."""
+    c = inline({"name": "E", "type": "data", "validVersions": "0",
+                "flexibleVersions": "0+" if flexible else "none",
+                "fields": [{"name": "A", "type": "int32", "versions": "0+"},
+                           {"name": "B", "type": "int32", "versions": "0+"}]})
+    buf = h(wire)
+    for call in (c.decode_from, c.decode):
+        with pytest.raises(DecodeError) as ei:
+            call(buf, 0, 0, end)
+        e = ei.value
+        assert e.offset == offset and "truncated" in e.reason, e
+        if expected is not None:
+            assert e.expected == expected, e
+        if path is not None:
+            assert e.path == path, e
+    # a message that fits before `end` is read up to there, bytes stay bytes
+    full = len(buf) if flexible else 8
+    value, p = c.decode_from(buf + b"\xff\xff", 0, 0, full)
+    assert (value.A, value.B, p) == (5, 7, full)
+
+
+def test_decode_from_end_keeps_value_types_and_bounds():
+    c = inline({"name": "E", "type": "data", "validVersions": "0", "flexibleVersions": "none",
+                "fields": [{"name": "B", "type": "bytes", "versions": "0+"},
+                           {"name": "U", "type": "uuid", "versions": "0+"}]})
+    raw = c.encode(c.cls(B=b"ab", U=bytes(range(16))), 0)
+    value, p = c.decode_from(raw + b"\x00" * 7, 0, 0, len(raw))
+    assert p == len(raw) and type(value.B) is bytes and type(value.U) is bytes
+    with pytest.raises(DecodeError) as ei:
+        c.decode_from(raw, 0, 0, len(raw) - 1)
+    assert ei.value.path == "U" and ei.value.offset == 6
+    for pos, end in ((3, 2), (0, len(raw) + 1), (-1, 2)):
+        with pytest.raises(DecodeError, match="not a range"):
+            c.decode_from(raw, 0, pos, end)

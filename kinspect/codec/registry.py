@@ -247,11 +247,24 @@ class MessageCodec:
 
     def decode_from(self, buf: bytes, version: int, pos: int = 0,
                     end: int | None = None) -> tuple[Struct, int]:
-        """Decode a message starting at ``pos``; return it and the offset after it."""
+        """Decode a message starting at ``pos`` that ends at or before ``end``
+        (default: the end of ``buf``); return it and the offset after it.
+
+        Nothing at or after ``end`` is read: a message that would need those bytes
+        is a truncated one.
+
+        Raises:
+            DecodeError: malformed or truncated input (offsets relative to ``buf``),
+                ``pos``/``end`` not a range of ``buf``, or a version the spec does
+                not define.
+        """
         if type(buf) is not bytes:
             buf = bytes(buf)
         if end is None:
             end = len(buf)
+        if not 0 <= pos <= end <= len(buf):
+            raise DecodeError(f"[{pos}:{end}] is not a range of the {len(buf)}-byte buffer",
+                              offset=pos, api=self.api, version=version)
         try:
             cv = self.compiled(version)
         except KinspectError as e:
@@ -278,6 +291,11 @@ class MessageCodec:
                     got = None
                 if got is not None:
                     return got
+            if end < len(buf):
+                # the generated decoders bound lengths and counts by `end` but read
+                # fixed-width fields and tag bytes up to the end of `buf`: give them a
+                # buffer that ends at `end` (same offsets; a copy only in this case)
+                buf = buf[:end]
             return cv.decode(buf, pos, end)
         except _DECODE_FAILURES as ex:
             raise self._diagnose(cv, buf, pos, end, version, ex) from None
@@ -289,6 +307,8 @@ class MessageCodec:
                   first: BaseException) -> DecodeError:
         cv.traced(self.spec, version)
         trace: list[tuple[str, int, str]] = []
+        if end < len(buf):
+            buf = buf[:end]  # as in decode_from
         try:
             cv.decode_traced(buf, pos, end, trace)
         except _DECODE_FAILURES as ex:
