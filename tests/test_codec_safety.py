@@ -250,3 +250,38 @@ def test_decode_from_end_keeps_value_types_and_bounds():
     for pos, end in ((3, 2), (0, len(raw) + 1), (-1, 2)):
         with pytest.raises(DecodeError, match="not a range"):
             c.decode_from(raw, 0, pos, end)
+
+
+def _peek_codec(flexible=False):
+    return inline({"name": "K", "type": "data", "validVersions": "0",
+                   "flexibleVersions": "0+" if flexible else "none",
+                   "fields": [{"name": "A", "type": "string", "versions": "0+"},
+                              {"name": "N", "type": "string", "versions": "0+",
+                               "nullableVersions": "0+"},
+                              {"name": "B", "type": "int16", "versions": "0+"}]})
+
+
+@pytest.mark.parametrize("flexible,wire", [
+    (False, "00 02 c3 28 | ff ff | 00 05"), (True, "03 c3 28 | 00 | 00 05")])
+def test_peek_field_skips_strings_without_decoding_and_raises_decode_error(flexible, wire):
+    """peek_field skips the strings before the field it reads without decoding them
+    (invalid UTF-8 there is not its business); invalid UTF-8 or truncation in what it
+    reads or must skip is a DecodeError with offset and path, never
+    UnicodeDecodeError or struct.error."""
+    c = _peek_codec(flexible)
+    buf = h(wire)
+    assert c.peek_field(buf, 0, 0, "B") == 5
+    assert c.peek_field(buf, 0, 0, "N") is None
+    with pytest.raises(DecodeError) as ei:
+        c.peek_field(buf, 0, 0, "A")
+    assert "UTF-8" in ei.value.reason and ei.value.path == "A" and ei.value.offset == 0
+    with pytest.raises(DecodeError) as ei:
+        c.peek_field(buf[:-1], 0, 0, "B")
+    assert ei.value.path == "B" and "truncated" in ei.value.reason
+    with pytest.raises(DecodeError) as ei:
+        c.peek_field(buf[:2], 0, 0, "B")
+    assert ei.value.path == "A" and ei.value.offset == 0
+    null_a = h("ff ff ff ff 00 05" if not flexible else "00 00 00 05")
+    with pytest.raises(DecodeError) as ei:
+        c.peek_field(null_a, 0, 0, "B")
+    assert ei.value.path == "A" and "non-nullable" in ei.value.reason
