@@ -382,6 +382,42 @@ def test_unknown_tag_bytes_are_visible_and_re_encoded():
     assert c.encode(m, 1) == wire
 
 
+def _tags_nested():
+    return inline({"name": "T", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+                   "fields": [{"name": "A", "type": "int32", "versions": "0+"},
+                              {"name": "T1", "type": "int32", "versions": "1+",
+                               "taggedVersions": "1+", "tag": 1},
+                              {"name": "S", "type": "[]E", "versions": "0+", "fields": [
+                                  {"name": "B", "type": "int8", "versions": "0+"}]},
+                              {"name": "One", "type": "O", "versions": "0+", "fields": [
+                                  {"name": "C", "type": "int8", "versions": "0+"}]}]})
+
+
+def test_tags_set_on_a_version_without_tag_sections_are_an_encode_error():
+    """Kafka's generated writers throw UnsupportedVersionException ("Tagged fields
+    were set, but version N of this message does not support them") rather than drop
+    unknown tagged fields at a non-flexible version; so does kinspect, at every
+    struct level, naming the struct. A known tagged field the version lacks is the
+    usual non-default-value error (dropped only when ignorable)."""
+    c = _tags_nested()
+    E = c.spec.struct.field("S").struct.cls
+    O = c.spec.struct.field("One").struct.cls
+    cases = [
+        (c.cls(A=1, unknown_tags={7: b"\x01"}), "T"),
+        (c.cls(A=1, S=[E(B=1), E(B=2, unknown_tags={3: b""})]), "T.S[1]"),
+        (c.cls(A=1, One=O(C=1, unknown_tags={4: b"\x00"})), "T.One"),
+    ]
+    for value, path in cases:
+        with pytest.raises(EncodeError) as ei:
+            c.encode(value, 0)
+        assert "tagged fields" in ei.value.reason and "version 0" in ei.value.reason, ei.value
+        assert ei.value.path == path, ei.value
+        assert c.decode(c.encode(value, 1), 1) == value  # flexible: written and read back
+    with pytest.raises(EncodeError, match="T1"):
+        c.encode(c.cls(A=1, T1=5), 0)
+    assert c.encode(c.cls(A=1), 0) == h("00 00 00 01 | 00 00 00 00 | 00")
+
+
 @pytest.mark.parametrize("tags,why", [
     ("02 | 05 01 00 | 02 02 00 7c", "out of order"),
     ("02 | 02 02 00 7c | 02 02 00 7c", "out of order"),

@@ -730,16 +730,16 @@ class _Unit:
         self.emit(0, "")
 
     def encode_body(self, st: StructSpec, ind: int, o: str) -> bool:
-        """Code that appends the encoding of struct ``o`` to ``out``; returns whether
-        any code was emitted."""
+        """Code that appends the encoding of struct ``o`` to ``out`` (always emits
+        some: at least the tag section or the check that no tags were set); returns
+        True."""
         v = self.version
         fields = st.fields
         i = 0
-        wrote = False
         while i < len(fields):
             f = fields[i]
             if not self.present(f):
-                wrote |= self.check_absent(ind, f, o)
+                self.check_absent(ind, f, o)
                 i += 1
                 continue
             if f.tagged_in(v):
@@ -757,16 +757,19 @@ class _Unit:
                 p = self._c(_struct.Struct(fmt).pack)
                 args = ", ".join(f"{o}.{x.name}" for x in run)
                 self.emit(ind, f"out += {p}({args})")
-                wrote = True
                 i = j
                 continue
             self.write_field(ind, f, f"{o}.{f.name}")
-            wrote = True
             i += 1
         if self.flexible:
             self.write_tags(ind, st, o)
-            wrote = True
-        return wrote
+        else:
+            # as Kafka's generated writers (UnsupportedVersionException): tags set on a
+            # struct cannot be written in a version without tag sections
+            self.emit(ind, f"if {o}._unknown:")
+            self.emit(ind + 1, f"raise _EE('tagged fields %s were set, but version {self.version} "
+                               f"does not support tagged fields' % sorted({o}._unknown))")
+        return True
 
     def check_absent(self, ind: int, f: FieldSpec, o: str = "o") -> bool:
         if f.ignorable:

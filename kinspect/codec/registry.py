@@ -320,8 +320,10 @@ class MessageCodec:
 
         Raises:
             EncodeError: a value of the wrong type or range, a null in a non-nullable
-                field, or a non-default value in a version without the field (unless
-                the field is ``ignorable``).
+                field, a non-default value in a version without the field (unless
+                the field is ``ignorable``), or unknown tagged fields set on a struct
+                in a version that is not flexible (no tag sections; Kafka's writers
+                throw UnsupportedVersionException there rather than drop them).
         """
         out = bytearray()
         self.encode_into(value, version, out)
