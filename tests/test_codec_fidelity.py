@@ -274,17 +274,36 @@ def test_tagged_nullable_structs_have_a_uvarint_marker():
     assert c.encode(m, 1) == h("ff | 01 01 00 00 00 00 00 | 01 | 01 08 01 02 34 00 00 00 04 00")
 
 
-@pytest.mark.parametrize("wire", ["02 00 00 00 00 00 00", "80 00 00 00 00 00 00"])
-def test_invalid_non_tagged_marker_is_a_decode_error(wire):
-    with pytest.raises(DecodeError) as ei:
-        _nsm().decode(h(wire), 0)
-    assert ei.value.path == "NullableStruct" and ei.value.offset == 0
+@pytest.mark.parametrize("marker", ["00", "02", "7f"])
+def test_any_non_negative_non_tagged_marker_means_present(marker):
+    """Kafka's generated reader: ``if (_readable.readByte() < 0) null else read``."""
+    c = _nsm()
+    m = c.decode(h(marker + "| 00 01 31 00 00 00 01 | 00 00 00 00 00 00"), 0)
+    assert m.NullableStruct == _my(c, "NullableStruct", "1", 1)
 
 
-def test_invalid_tagged_marker_is_a_decode_error():
-    with pytest.raises(DecodeError) as ei:
-        _nsm().decode(h("ff ff | 01 | 01 01 02"), 1)
-    assert "NullableStruct4" in (ei.value.path or "")
+@pytest.mark.parametrize("marker", ["ff", "fe", "80"])
+def test_any_negative_non_tagged_marker_means_null(marker):
+    c = _nsm()
+    m = c.decode(h(marker + "| 00 00 | 00 00 00 00"), 0)
+    assert m.NullableStruct is None
+
+
+@pytest.mark.parametrize("marker,null", [
+    ("00", True), ("02", False), ("7f", False), ("ff ff ff ff 07", False),
+    ("80 80 80 80 08", True), ("ff ff ff ff 0f", True)])
+def test_tagged_marker_is_null_when_kafka_reads_it_as_an_int_not_above_zero(marker, null):
+    """Kafka's generated reader: ``if (_readable.readUnsignedVarint() <= 0) null``,
+    the varint read into a Java int: 0 and 2^31 and above are null."""
+    c = _nsm()
+    body = "" if null else "02 34 00 00 00 04 00"
+    data = h(marker + body)
+    wire = h("ff | 01 01 00 00 00 00 00 | 01 | 01") + bytes([len(data)]) + data
+    m = c.decode(wire, 1)
+    if null:
+        assert m.NullableStruct4 is None
+    else:
+        assert m.NullableStruct4 == _my(c, "NullableStruct4", "4", 4)
 
 
 def test_all_null_round_trip():

@@ -329,6 +329,43 @@ def test_every_field_kind_decodes_identically(version):
     assert b.Absent.Z == "z"
 
 
+def _nulls(nullable: bool):
+    nv = {"nullableVersions": "0+"} if nullable else {}
+    return inline({"name": "N", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+                   "fields": [
+                       {"name": "S", "type": "string", "versions": "0+", **nv},
+                       {"name": "B", "type": "bytes", "versions": "0+", **nv},
+                       {"name": "A", "type": "[]int32", "versions": "0+", **nv},
+                       {"name": "AS", "type": "[]E", "versions": "0+", **nv, "fields": [
+                           {"name": "V", "type": "int8", "versions": "0+"}]},
+                       {"name": "NS", "type": "Inner", "versions": "0+", **nv, "fields": [
+                           {"name": "X", "type": "int8", "versions": "0+"}]},
+                       {"name": "T", "type": "int8", "versions": "0+"}]})
+
+
+@needs_native
+@pytest.mark.parametrize("marker,null", [("ff", True), ("80", True), ("fe", True),
+                                         ("00", False), ("01", False), ("02", False),
+                                         ("7f", False)])
+def test_negative_lengths_and_struct_markers_read_alike(marker, null):
+    """Any negative length of a nullable field is null; a nullable struct's int8
+    marker is null when negative and present otherwise (Kafka's generated readers):
+    the C decoder, the Python decoder and both scans agree. In non-nullable fields a
+    negative length is declined and a DecodeError."""
+    wire = bytes.fromhex("fffe" + "80000000" + "fffffff0" + "ffffff00" + marker
+                         + ("" if null else "07") + "09")
+    codec = _nulls(True)
+    assert agree(codec, wire, 0)
+    m = codec.decode(wire, 0)
+    assert (m.S, m.B, m.A, m.AS, m.T) == (None, None, None, None, 9)
+    assert (m.NS is None) if null else m.NS.X == 7
+    strict = _nulls(False)
+    assert not agree(strict, wire, 0)
+    with pytest.raises(DecodeError) as ei:
+        strict.decode(wire, 0)
+    assert ei.value.path == "S" and ei.value.offset == 0
+
+
 @needs_native
 def test_present_default_tags_are_marked_like_the_python_decoder():
     """A tagged field sent with its default value is remembered as present, so it is

@@ -66,9 +66,11 @@ def test_trailing_bytes():
 
 
 def _one_field(ftype, flexible=False, nullable=False):
+    elems = {"fields": [{"name": "V", "type": "int8", "versions": "0+"}]} \
+        if ftype == "[]S" else {}
     return inline({"name": "X", "type": "data", "validVersions": "0",
                    "flexibleVersions": "0+" if flexible else "none",
-                   "fields": [{"name": "F", "type": ftype, "versions": "0+",
+                   "fields": [{"name": "F", "type": ftype, "versions": "0+", **elems,
                                **({"nullableVersions": "0+"} if nullable else {})},
                               {"name": "G", "type": "int8", "versions": "0+"}]})
 
@@ -100,14 +102,30 @@ def test_bad_lengths(ftype, flexible, wire, why):
 
 
 @pytest.mark.parametrize("ftype,flexible,wire", [
-    ("string", False, "ff fe 00"), ("bytes", False, "ff ff ff fe 00"),
-    ("[]int32", False, "80 00 00 00 00"),
+    ("string", False, "ff fe 00"), ("string", False, "80 00 00"),
+    ("bytes", False, "ff ff ff fe 00"), ("records", False, "80 00 00 00 00"),
+    ("[]int32", False, "80 00 00 00 00"), ("[]string", False, "ff ff ff fd 00"),
+    ("[]S", False, "ff ff ff f0 00"),
 ])
-def test_negative_lengths_other_than_null_are_rejected_in_nullable_fields(ftype, flexible, wire):
+def test_any_negative_length_is_null_in_nullable_fields(ftype, flexible, wire):
+    """Kafka's generated readers take any negative length of a nullable string,
+    bytes, records or array as null (``if (length < 0) null``), not only -1."""
     c = _one_field(ftype, flexible, nullable=True)
+    m = c.decode(h(wire), 0)
+    assert m.F is None and m.G == 0
+
+
+@pytest.mark.parametrize("ftype,wire", [
+    ("string", "ff fe 00"), ("bytes", "ff ff ff fe 00"), ("records", "80 00 00 00 00"),
+    ("[]int32", "80 00 00 00 00"), ("[]S", "ff ff ff f0 00"),
+])
+def test_any_negative_length_is_an_error_in_non_nullable_fields(ftype, wire):
+    """("non-nullable field F was serialized as null", in Kafka's words)"""
+    c = _one_field(ftype)
     with pytest.raises(DecodeError) as ei:
         c.decode(h(wire), 0)
-    assert "invalid" in ei.value.reason and ei.value.path == "F"
+    assert "non-nullable" in ei.value.reason and ei.value.path == "F"
+    assert ei.value.offset == 0
 
 
 @pytest.mark.parametrize("wire", ["7f ff ff ff", "ff ff ff ff 0f"])

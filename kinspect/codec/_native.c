@@ -14,7 +14,7 @@
  *
  * Contract with the Python side: decode() returns (value, end_offset) when the
  * bytes decode, and None when they do not (truncated, lengths or counts past the
- * end, negative lengths where not allowed, invalid UTF-8, over-long varints, values
+ * end, negative lengths in non-nullable fields, invalid UTF-8, over-long varints, values
  * out of range, too deep). It never reads outside buf[pos:end], checks every count
  * against the bytes left before allocating for it, and grows lists of structs or
  * strings as their elements are read. On None the caller runs the
@@ -42,7 +42,7 @@ enum {
     K_STRING,       /* compact/nullable string */
     K_BYTES,        /* compact/nullable bytes or records */
     K_ARRAY,        /* array of primitives (type) or of structs (sub) */
-    K_STRUCT,       /* struct field (nullable: int8 marker, KIP-893) */
+    K_STRUCT,       /* struct field (nullable: int8 marker, KIP-893; negative = null) */
     K_CONST,        /* default: a shared immutable constant */
     K_NEWLIST,      /* default: a new empty list */
     K_NEWSTRUCT,    /* default: a new struct with every field at its default */
@@ -60,7 +60,7 @@ static const int FIXED_SIZE[] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 16, 0, 0};
 
 /* Bumped whenever the module's behaviour or interface changes: kinspect.codec.native
  * refuses a stale build (an editable install keeps the old .so until rebuilt). */
-#define NATIVE_ABI 3
+#define NATIVE_ABI 4
 
 typedef struct Program Program;
 
@@ -222,7 +222,7 @@ rd_strbytes(Ctx *c, int is_str, int compact, int nullable)
     if (rd_len(c, compact, !is_str, &n))
         return FAIL;
     if (n < 0) {
-        if (nullable && n == -1)
+        if (nullable)  /* any negative length is null, as Kafka reads it */
             Py_RETURN_NONE;
         return FAIL;
     }
@@ -267,7 +267,7 @@ rd_array(const Op *op, Ctx *c)
     if (rd_len(c, op->compact, 1, &n))
         return FAIL;
     if (n < 0) {
-        if (op->nullable && n == -1)
+        if (op->nullable)
             Py_RETURN_NONE;
         return FAIL;
     }
@@ -400,14 +400,13 @@ decode_struct(Program *pg, Ctx *c)
             if (op->nullable) {
                 if (c->pos >= c->end)
                     goto error;
+                /* Kafka: a negative int8 marker is null, anything else present */
                 int8_t m = (int8_t)c->buf[c->pos++];
-                if (m == -1) {
+                if (m < 0) {
                     Py_INCREF(Py_None);
                     v = Py_None;
                     break;
                 }
-                if (m != 1)
-                    goto error;
             }
             v = decode_struct(op->sub, c);
             break;
@@ -474,7 +473,7 @@ skip_strbytes(Ctx *c, int is_str, int compact, int nullable)
     if (rd_len(c, compact, !is_str, &n))
         return -1;
     if (n < 0)
-        return nullable && n == -1 ? 0 : -1;
+        return nullable ? 0 : -1;
     if (n > c->end - c->pos)
         return -1;
     c->pos += (Py_ssize_t)n;
@@ -518,7 +517,7 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
             if (rd_len(c, op->compact, 1, &n))
                 goto fail;
             if (n < 0) {
-                if (op->nullable && n == -1)
+                if (op->nullable)
                     break;
                 goto fail;
             }
@@ -544,10 +543,8 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
                 if (c->pos >= c->end)
                     goto fail;
                 int8_t m = (int8_t)c->buf[c->pos++];
-                if (m == -1)
+                if (m < 0)
                     break;
-                if (m != 1)
-                    goto fail;
             }
             if (skip_struct(op->sub, c, NULL))
                 goto fail;

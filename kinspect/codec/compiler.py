@@ -25,6 +25,12 @@ Wire formats follow the Kafka protocol guide and KIP-482 (tagged fields, compact
 types, unsigned varints), KIP-893 (nullable structs) and the proposed per-field
 ``encoding`` property (fixedN / packedN zig-zag varint / upackedN unsigned varint).
 Booleans decode as ``byte != 0`` (as Kafka reads them) and are written as 0/1.
+Nulls are read as Kafka's generated readers read them: any negative length of a
+nullable string, bytes, records or array; a nullable struct's int8 marker when
+negative (present otherwise, not only for 1), a tagged one's unsigned varint marker
+when 0 or 2^31 and above (a Java int <= 0). They are written as -1 (int8 marker -1,
+compact length 0, tagged marker 0). A negative length in a non-nullable field is a
+DecodeError.
 """
 
 from __future__ import annotations
@@ -525,9 +531,7 @@ class _Unit:
             n = self.tmp("n")
             self.read_len(ind, n, compact, pre, "i")
             self.emit(ind, f"if {n} < 0:")
-            if nullable:
-                self.emit(ind + 1, f"if {n} != -1:")
-                self.emit(ind + 2, f"raise _DE('invalid array length %d' % {n}, 'array length')")
+            if nullable:  # any negative length is null, as Kafka reads it
                 self.emit(ind + 1, f"{target} = None")
             else:
                 self.emit(ind + 1, f"raise _DE('null or negative length %d for a non-nullable "
@@ -579,23 +583,19 @@ class _Unit:
         elif f.struct is not None:
             sub = self.fn("d", f.struct)
             if nullable:
+                # the presence marker as Kafka's generated readers take it: a tagged
+                # one is an unsigned varint read into a Java int, null when <= 0 (0,
+                # or 2^31 and above); an untagged one an int8, null when negative.
+                # Anything else (not only 1) means present.
+                m = self.tmp("m")
                 if in_tag:
-                    m = self.tmp("m")
                     self.read_uv(ind, m)
-                    self.emit(ind, f"if {m} == 0:")
-                    self.emit(ind + 1, f"{target} = None")
-                    self.emit(ind, f"elif {m} != 1:")
-                    self.emit(ind + 1, f"raise _DE('invalid nullable struct marker %d' % {m}, "
-                                       f"'0 (null) or 1 (present)')")
+                    self.emit(ind, f"if {m} == 0 or {m} > 2147483647:")
                 else:
-                    m = self.tmp("m")
-                    self.emit(ind, f"{m}, = _ub(buf, pos)")
+                    self.emit(ind, f"{m} = buf[pos]")
                     self.emit(ind, "pos += 1")
-                    self.emit(ind, f"if {m} == -1:")
-                    self.emit(ind + 1, f"{target} = None")
-                    self.emit(ind, f"elif {m} != 1:")
-                    self.emit(ind + 1, f"raise _DE('invalid nullable struct marker %d' % {m}, "
-                                       f"'-1 (null) or 1 (present)')")
+                    self.emit(ind, f"if {m} > 127:")
+                self.emit(ind + 1, f"{target} = None")
                 self.emit(ind, "else:")
                 self.struct_value(ind + 1, f, target, sub, in_tag)
             else:
@@ -703,9 +703,7 @@ class _Unit:
         self.read_len(ind, n, compact, pre, "h" if t == "string" else "i")
         kind = ("compact " if compact else "") + t
         self.emit(ind, f"if {n} < 0:")
-        if nullable:
-            self.emit(ind + 1, f"if {n} != -1:")
-            self.emit(ind + 2, f"raise _DE('invalid length %d' % {n}, '{kind} length')")
+        if nullable:  # any negative length is null, as Kafka reads it
             self.emit(ind + 1, f"{target} = None")
         else:
             self.emit(ind + 1, f"raise _DE('null or negative length %d for a non-nullable {t}' "

@@ -12,9 +12,10 @@ lengths and counts are read inline, and array elements are walked in a loop with
 their struct inlined. It validates what it walks (lengths within the bytes left,
 counts bounded by the bytes left before looping, varints of bounded length, the
 message ending exactly at ``end``) and allocates nothing proportional to the
-input but the list of top-level tag numbers. It checks less than a decode (string contents are not UTF-8-checked,
-nullable markers and booleans not range-checked): a frame it accepts may still
-fail to decode, never the reverse.
+input but the list of top-level tag numbers. It checks less than a decode (string
+contents are not UTF-8-checked, tagged fields' data not read): a frame it accepts
+may still fail to decode, never the reverse. Nulls are read as the decoder reads
+them (any negative length of a nullable field; a nullable struct's marker).
 """
 
 from __future__ import annotations
@@ -103,8 +104,9 @@ class _ScanGen:
             n = self.tmp("n")
             self.length(ind, n, compact, wide=True)
             self.emit(ind, f"if {n} < 0:")
-            self.emit(ind + 1, f"if {n} != -1 or not {nullable}:")
-            self.emit(ind + 2, f"raise _DE('invalid array length %d' % {n}, 'array length')")
+            self.emit(ind + 1, "pass" if nullable else
+                      f"raise _DE('negative length %d for a non-nullable array' % {n}, "
+                      f"'array length')")
             et = f.element_type
             if f.struct is None and et in FIXED:
                 size = FIXED[et][1]
@@ -130,12 +132,14 @@ class _ScanGen:
         if f.struct is not None:
             if nullable:
                 m = self.tmp("m")
+                # present unless the marker means null (as the decoder reads it)
                 if in_tag:
                     self.uv(ind, m)
+                    self.emit(ind, f"if 0 < {m} < 2147483648:")
                 else:
                     self.emit(ind, f"{m} = buf[pos]")
                     self.emit(ind, "pos += 1")
-                self.emit(ind, f"if {m} == 1:")
+                    self.emit(ind, f"if {m} < 128:")
                 mark = len(self.lines)
                 self.struct(f.struct, ind + 1)
                 if len(self.lines) == mark:
@@ -159,8 +163,10 @@ class _ScanGen:
         self.length(ind, n, compact, wide=t != "string")
         self.emit(ind, f"if {n} > 0:")
         self.emit(ind + 1, f"pos += {n}")
-        self.emit(ind, f"elif {n} < 0 and ({n} != -1 or not {nullable}):")
-        self.emit(ind + 1, f"raise _DE('invalid length %d' % {n}, '{t} length')")
+        if not nullable:
+            self.emit(ind, f"elif {n} < 0:")
+            self.emit(ind + 1, f"raise _DE('negative length %d for a non-nullable {t}' % {n}, "
+                               f"'{t} length')")
 
     def tags(self, ind: int, top: bool) -> None:
         c = self.tmp("c")
