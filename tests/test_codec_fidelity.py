@@ -438,8 +438,8 @@ def test_tags_set_on_a_version_without_tag_sections_are_an_encode_error():
 
 
 @pytest.mark.parametrize("tags,why", [
-    ("02 | 05 01 00 | 02 02 00 7c", "out of order"),
-    ("02 | 02 02 00 7c | 02 02 00 7c", "out of order"),
+    ("02 | 02 02 00 7c | 02 02 00 7c", "tag 2 repeated"),
+    ("02 | 0a 00 | 0a 01 05", "tag 10 repeated"),
     ("01 | 02 03 00 7c 00", "declared"),
     ("01 | 02 09 00 7c", "claims"),
 ])
@@ -673,12 +673,50 @@ def test_unknown_api_key_or_version_is_a_decode_error():
     assert ei.value.api == "Metadata" and ei.value.version == 99
 
 
-def test_known_tag_outside_its_tagged_versions_is_kept_as_unknown():
+def test_tags_in_any_order_are_read_as_kafka_reads_them():
+    """Kafka's generated readers do not check the order of tags; neither does
+    kinspect. The encoder writes them in ascending order (so such a frame does not
+    re-encode byte for byte)."""
+    c = _sem()
+    wire = h(SEM_V1_HEAD + "| 03 | 0b 01 07 | 02 02 00 7c | 0a 01 00")
+    m = c.decode(wire, 1)
+    assert m.myInt16 == 124 and m.unknown_tags == {11: b"\x07", 10: b"\x00"}
+    assert list(m.unknown_tags) == [11, 10]  # in wire order
+    assert c.encode(m, 1) == h(SEM_V1_HEAD + "| 03 | 02 02 00 7c | 0a 01 00 | 0b 01 07")
+    assert c.top_level_tags(wire, 1) == {2, 10, 11}
+
+
+@pytest.mark.parametrize("tags,tag", [
+    ("02 | 02 02 00 7c | 02 02 00 7d", 2),      # a known tag twice
+    ("02 | 0a 01 07 | 0a 01 08", 10),           # an unknown tag twice
+    ("03 | 0a 01 07 | 02 02 00 7c | 0a 00", 10),  # not adjacent
+])
+def test_a_tag_repeated_in_one_section_is_a_decode_error(tags, tag):
+    """Deliberately stricter than Kafka's readers, which keep the last value of a
+    repeated known tag and a list of unknown ones: a struct holds one value per tag
+    (unknown tags in a dict), so the frame could not be kept losslessly. The
+    scanners reject what the decoder rejects."""
+    c = _sem()
+    wire = h(SEM_V1_HEAD + "|" + tags)
+    with pytest.raises(DecodeError) as ei:
+        c.decode(wire, 1)
+    assert ei.value.reason == f"tag {tag} repeated in one tag section", ei.value
+    assert ei.value.offset > len(h(SEM_V1_HEAD))
+    with pytest.raises(DecodeError, match="repeated"):
+        c.top_level_tags(wire, 1)
+
+
+def test_known_tag_outside_its_tagged_versions_is_a_decode_error():
     """taggedLongFlexibleVersionSubset is tag 9 only from v2. At v1 Kafka's reader
-    rejects tag 9 ("Tag 9 is not valid for version 1"); kinspect keeps it as an
-    unknown tagged field so that the frame still re-encodes byte for byte."""
+    throws "Tag 9 is not valid for version 1"; so does kinspect (and its scans)."""
     c = _sem()
     wire = h(SEM_V1_HEAD + "| 01 | 09 01 05")
-    m = c.decode(wire, 1)
-    assert m.unknown_tags == {9: b"\x05"} and m.taggedLongFlexibleVersionSubset == 0
-    assert c.encode(m, 1) == wire
+    with pytest.raises(DecodeError) as ei:
+        c.decode(wire, 1)
+    e = ei.value
+    assert "tag 9 (taggedLongFlexibleVersionSubset) is not valid for version 1" in e.reason
+    assert e.offset == len(h(SEM_V1_HEAD)) + 1
+    with pytest.raises(DecodeError, match="not valid for version 1"):
+        c.top_level_tags(wire, 1)
+    m = c.cls(taggedLongFlexibleVersionSubset=5)
+    assert c.decode(c.encode(m, 2), 2) == m

@@ -64,8 +64,8 @@ def _ecode(t: str) -> str:
 # runtime helpers used by generated code
 
 
-def _derr(reason: str, expected: str | None = None) -> DecodeError:
-    return DecodeError(reason, expected=expected)
+def _derr(reason: str, expected: str | None = None, offset: int | None = None) -> DecodeError:
+    return DecodeError(reason, offset=offset, expected=expected)
 
 
 def read_uvarint(buf: bytes, pos: int, max_bytes: int = 5) -> tuple[int, int]:
@@ -381,15 +381,25 @@ class _Unit:
 
     def gen_tags(self, st: StructSpec, tagged: list[FieldSpec]) -> None:
         self.emit(0, f"def {self.fn('t', st)}(o, buf, pos, end, cnt{self.targ()}):")
+        # As Kafka's generated readers: tags in any order; a tag of a field of this
+        # struct that is not tagged at this version is an error ("Tag N is not valid
+        # for version V"). Unlike them (a repeated tag overwrites the field or adds a
+        # second unknown tag), a tag repeated within one section is an error here:
+        # one value per tag is all a struct holds, so both could not be kept.
         self.emit(1, "u = None")
-        self.emit(1, "last = -1")
+        self.emit(1, "seen = set()")
         self.emit(1, "for _ in _range(cnt):")
+        self.emit(2, "tp = pos")
         self.read_uv(2, "t")
         self.read_uv(2, "sz")
-        self.emit(2, "if t <= last:")
-        self.emit(3, "raise _DE('tagged fields out of order: tag %d after tag %d' % (t, last), "
-                     "'ascending tags')")
-        self.emit(2, "last = t")
+        self.emit(2, "if t in seen:")
+        self.emit(3, "raise _DE('tag %d repeated in one tag section' % t, 'each tag once', tp)")
+        self.emit(2, "seen.add(t)")
+        for f in sorted((f for f in st.fields if f.is_tagged and not f.tagged_in(self.version)),
+                        key=lambda x: x.tag):
+            self.emit(2, f"if t == {f.tag}:")
+            self.emit(3, f"raise _DE('tag {f.tag} ({f.name}) is not valid for version "
+                         f"{self.version}', 'a tag valid at version {self.version}', tp)")
         self.emit(2, "e = pos + sz")
         self.emit(2, "if e > end:")
         self.emit(3, "raise _DE('tagged field %d claims %d bytes, %d left' % (t, sz, end - pos), "
@@ -1060,7 +1070,10 @@ class _NativeBuilder:
         ops = [self.op(f) for f in st.fields] if wire else []
         defaults = [self.default_op(f) for f in st.fields]
         flexible = wire and u.flexible
-        pg.setup(ops, defaults, flexible, u.ns[u.fn("t", st)] if flexible else None)
+        invalid = tuple(sorted(f.tag for f in st.fields
+                               if f.is_tagged and not f.tagged_in(u.version)))
+        pg.setup(ops, defaults, flexible, u.ns[u.fn("t", st)] if flexible else None,
+                 invalid if flexible else ())
         return pg
 
     @staticmethod

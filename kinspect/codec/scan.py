@@ -94,7 +94,8 @@ class _ScanGen:
         if run:
             self.emit(ind, f"pos += {run}")
         if self.flexible:
-            self.tags(ind, top)
+            self.tags(ind, top, sorted(f.tag for f in st.fields
+                                       if f.is_tagged and not f.tagged_in(v)))
 
     def field(self, f: FieldSpec, ind: int, in_tag: bool = False) -> None:
         v = self.version
@@ -168,19 +169,32 @@ class _ScanGen:
             self.emit(ind + 1, f"raise _DE('negative length %d for a non-nullable {t}' % {n}, "
                                f"'{t} length')")
 
-    def tags(self, ind: int, top: bool) -> None:
+    def tags(self, ind: int, top: bool, invalid: list[int]) -> None:
+        """A tag section, rejected where the decoder rejects it: a tag repeated in it,
+        or a tag of a field of the struct that is not tagged at this version
+        (``invalid``). Order is free."""
         c = self.tmp("c")
         self.uv(ind, c)
         self.emit(ind, f"if {c} > end - pos:")
         self.emit(ind + 1, f"raise _DE('%d tagged fields in the %d bytes left' % ({c}, end - pos), "
                            f"'tag section')")
-        self.emit(ind, f"for _ in _range({c}):")
-        t, s = self.tmp("t"), self.tmp("s")
-        self.uv(ind + 1, t)
-        self.uv(ind + 1, s)
-        self.emit(ind + 1, f"pos += {s}")
+        self.emit(ind, f"if {c}:")
+        t, s, seen = self.tmp("t"), self.tmp("s"), self.tmp("seen")
+        self.emit(ind + 1, f"{seen} = set()")
+        self.emit(ind + 1, f"for _ in _range({c}):")
+        self.uv(ind + 2, t)
+        self.uv(ind + 2, s)
+        self.emit(ind + 2, f"pos += {s}")
+        self.emit(ind + 2, f"if {t} in {seen}:")
+        self.emit(ind + 3, f"raise _DE('tag %d repeated in one tag section' % {t}, "
+                           f"'each tag once')")
+        self.emit(ind + 2, f"{seen}.add({t})")
+        if invalid:
+            self.emit(ind + 2, f"if {t} in {frozenset(invalid)!r}:")
+            self.emit(ind + 3, f"raise _DE('tag %d is not valid for version {self.version}' % {t}, "
+                               f"'a valid tag')")
         if top:
-            self.emit(ind + 1, f"tags.append({t})")
+            self.emit(ind + 2, f"tags.append({t})")
 
 
 def compile_scanner(msg: MessageSpec, version: int) -> Callable[[bytes, int, int], tuple]:
