@@ -274,17 +274,36 @@ def test_tagged_nullable_structs_have_a_uvarint_marker():
     assert c.encode(m, 1) == h("ff | 01 01 00 00 00 00 00 | 01 | 01 08 01 02 34 00 00 00 04 00")
 
 
-@pytest.mark.parametrize("wire", ["02 00 00 00 00 00 00", "80 00 00 00 00 00 00"])
-def test_invalid_non_tagged_marker_is_a_decode_error(wire):
-    with pytest.raises(DecodeError) as ei:
-        _nsm().decode(h(wire), 0)
-    assert ei.value.path == "NullableStruct" and ei.value.offset == 0
+@pytest.mark.parametrize("marker", ["00", "02", "7f"])
+def test_any_non_negative_non_tagged_marker_means_present(marker):
+    """Kafka's generated reader: ``if (_readable.readByte() < 0) null else read``."""
+    c = _nsm()
+    m = c.decode(h(marker + "| 00 01 31 00 00 00 01 | 00 00 00 00 00 00"), 0)
+    assert m.NullableStruct == _my(c, "NullableStruct", "1", 1)
 
 
-def test_invalid_tagged_marker_is_a_decode_error():
-    with pytest.raises(DecodeError) as ei:
-        _nsm().decode(h("ff ff | 01 | 01 01 02"), 1)
-    assert "NullableStruct4" in (ei.value.path or "")
+@pytest.mark.parametrize("marker", ["ff", "fe", "80"])
+def test_any_negative_non_tagged_marker_means_null(marker):
+    c = _nsm()
+    m = c.decode(h(marker + "| 00 00 | 00 00 00 00"), 0)
+    assert m.NullableStruct is None
+
+
+@pytest.mark.parametrize("marker,null", [
+    ("00", True), ("02", False), ("7f", False), ("ff ff ff ff 07", False),
+    ("80 80 80 80 08", True), ("ff ff ff ff 0f", True)])
+def test_tagged_marker_is_null_when_kafka_reads_it_as_an_int_not_above_zero(marker, null):
+    """Kafka's generated reader: ``if (_readable.readUnsignedVarint() <= 0) null``,
+    the varint read into a Java int: 0 and 2^31 and above are null."""
+    c = _nsm()
+    body = "" if null else "02 34 00 00 00 04 00"
+    data = h(marker + body)
+    wire = h("ff | 01 01 00 00 00 00 00 | 01 | 01") + bytes([len(data)]) + data
+    m = c.decode(wire, 1)
+    if null:
+        assert m.NullableStruct4 is None
+    else:
+        assert m.NullableStruct4 == _my(c, "NullableStruct4", "4", 4)
 
 
 def test_all_null_round_trip():
@@ -382,9 +401,45 @@ def test_unknown_tag_bytes_are_visible_and_re_encoded():
     assert c.encode(m, 1) == wire
 
 
+def _tags_nested():
+    return inline({"name": "T", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+                   "fields": [{"name": "A", "type": "int32", "versions": "0+"},
+                              {"name": "T1", "type": "int32", "versions": "1+",
+                               "taggedVersions": "1+", "tag": 1},
+                              {"name": "S", "type": "[]E", "versions": "0+", "fields": [
+                                  {"name": "B", "type": "int8", "versions": "0+"}]},
+                              {"name": "One", "type": "O", "versions": "0+", "fields": [
+                                  {"name": "C", "type": "int8", "versions": "0+"}]}]})
+
+
+def test_tags_set_on_a_version_without_tag_sections_are_an_encode_error():
+    """Kafka's generated writers throw UnsupportedVersionException ("Tagged fields
+    were set, but version N of this message does not support them") rather than drop
+    unknown tagged fields at a non-flexible version; so does kinspect, at every
+    struct level, naming the struct. A known tagged field the version lacks is the
+    usual non-default-value error (dropped only when ignorable)."""
+    c = _tags_nested()
+    E = c.spec.struct.field("S").struct.cls
+    O = c.spec.struct.field("One").struct.cls
+    cases = [
+        (c.cls(A=1, unknown_tags={7: b"\x01"}), "T"),
+        (c.cls(A=1, S=[E(B=1), E(B=2, unknown_tags={3: b""})]), "T.S[1]"),
+        (c.cls(A=1, One=O(C=1, unknown_tags={4: b"\x00"})), "T.One"),
+    ]
+    for value, path in cases:
+        with pytest.raises(EncodeError) as ei:
+            c.encode(value, 0)
+        assert "tagged fields" in ei.value.reason and "version 0" in ei.value.reason, ei.value
+        assert ei.value.path == path, ei.value
+        assert c.decode(c.encode(value, 1), 1) == value  # flexible: written and read back
+    with pytest.raises(EncodeError, match="T1"):
+        c.encode(c.cls(A=1, T1=5), 0)
+    assert c.encode(c.cls(A=1), 0) == h("00 00 00 01 | 00 00 00 00 | 00")
+
+
 @pytest.mark.parametrize("tags,why", [
-    ("02 | 05 01 00 | 02 02 00 7c", "out of order"),
-    ("02 | 02 02 00 7c | 02 02 00 7c", "out of order"),
+    ("02 | 02 02 00 7c | 02 02 00 7c", "tag 2 repeated"),
+    ("02 | 0a 00 | 0a 01 05", "tag 10 repeated"),
     ("01 | 02 03 00 7c 00", "declared"),
     ("01 | 02 09 00 7c", "claims"),
 ])
@@ -618,12 +673,50 @@ def test_unknown_api_key_or_version_is_a_decode_error():
     assert ei.value.api == "Metadata" and ei.value.version == 99
 
 
-def test_known_tag_outside_its_tagged_versions_is_kept_as_unknown():
+def test_tags_in_any_order_are_read_as_kafka_reads_them():
+    """Kafka's generated readers do not check the order of tags; neither does
+    kinspect. The encoder writes them in ascending order (so such a frame does not
+    re-encode byte for byte)."""
+    c = _sem()
+    wire = h(SEM_V1_HEAD + "| 03 | 0b 01 07 | 02 02 00 7c | 0a 01 00")
+    m = c.decode(wire, 1)
+    assert m.myInt16 == 124 and m.unknown_tags == {11: b"\x07", 10: b"\x00"}
+    assert list(m.unknown_tags) == [11, 10]  # in wire order
+    assert c.encode(m, 1) == h(SEM_V1_HEAD + "| 03 | 02 02 00 7c | 0a 01 00 | 0b 01 07")
+    assert c.top_level_tags(wire, 1) == {2, 10, 11}
+
+
+@pytest.mark.parametrize("tags,tag", [
+    ("02 | 02 02 00 7c | 02 02 00 7d", 2),      # a known tag twice
+    ("02 | 0a 01 07 | 0a 01 08", 10),           # an unknown tag twice
+    ("03 | 0a 01 07 | 02 02 00 7c | 0a 00", 10),  # not adjacent
+])
+def test_a_tag_repeated_in_one_section_is_a_decode_error(tags, tag):
+    """Deliberately stricter than Kafka's readers, which keep the last value of a
+    repeated known tag and a list of unknown ones: a struct holds one value per tag
+    (unknown tags in a dict), so the frame could not be kept losslessly. The
+    scanners reject what the decoder rejects."""
+    c = _sem()
+    wire = h(SEM_V1_HEAD + "|" + tags)
+    with pytest.raises(DecodeError) as ei:
+        c.decode(wire, 1)
+    assert ei.value.reason == f"tag {tag} repeated in one tag section", ei.value
+    assert ei.value.offset > len(h(SEM_V1_HEAD))
+    with pytest.raises(DecodeError, match="repeated"):
+        c.top_level_tags(wire, 1)
+
+
+def test_known_tag_outside_its_tagged_versions_is_a_decode_error():
     """taggedLongFlexibleVersionSubset is tag 9 only from v2. At v1 Kafka's reader
-    rejects tag 9 ("Tag 9 is not valid for version 1"); kinspect keeps it as an
-    unknown tagged field so that the frame still re-encodes byte for byte."""
+    throws "Tag 9 is not valid for version 1"; so does kinspect (and its scans)."""
     c = _sem()
     wire = h(SEM_V1_HEAD + "| 01 | 09 01 05")
-    m = c.decode(wire, 1)
-    assert m.unknown_tags == {9: b"\x05"} and m.taggedLongFlexibleVersionSubset == 0
-    assert c.encode(m, 1) == wire
+    with pytest.raises(DecodeError) as ei:
+        c.decode(wire, 1)
+    e = ei.value
+    assert "tag 9 (taggedLongFlexibleVersionSubset) is not valid for version 1" in e.reason
+    assert e.offset == len(h(SEM_V1_HEAD)) + 1
+    with pytest.raises(DecodeError, match="not valid for version 1"):
+        c.top_level_tags(wire, 1)
+    m = c.cls(taggedLongFlexibleVersionSubset=5)
+    assert c.decode(c.encode(m, 2), 2) == m

@@ -21,7 +21,7 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from codec_util import corpus_registry, inline
+from codec_util import corpus_registry, h, inline
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from strategies import message_values
@@ -122,10 +122,9 @@ def both(codec, buf: bytes, version: int, pos: int = 0, end: int | None = None):
     except DECODE_FAILURES:  # raised by a Python tag-section function: declined
         nat = None
     try:
-        py = cv.decode(buf, pos, end)
+        # as MessageCodec.decode_from calls it: with a buffer that ends at `end`
+        py = cv.decode(buf[:end] if end < len(buf) else buf, pos, end)
     except DECODE_FAILURES:  # how the generated decoder fails
-        py = None
-    if py is not None and py[1] > end:  # read past `end` (caught by MessageCodec.decode)
         py = None
     return nat, py
 
@@ -330,6 +329,113 @@ def test_every_field_kind_decodes_identically(version):
     assert b.Absent.Z == "z"
 
 
+def _nulls(nullable: bool):
+    nv = {"nullableVersions": "0+"} if nullable else {}
+    return inline({"name": "N", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+                   "fields": [
+                       {"name": "S", "type": "string", "versions": "0+", **nv},
+                       {"name": "B", "type": "bytes", "versions": "0+", **nv},
+                       {"name": "A", "type": "[]int32", "versions": "0+", **nv},
+                       {"name": "AS", "type": "[]E", "versions": "0+", **nv, "fields": [
+                           {"name": "V", "type": "int8", "versions": "0+"}]},
+                       {"name": "NS", "type": "Inner", "versions": "0+", **nv, "fields": [
+                           {"name": "X", "type": "int8", "versions": "0+"}]},
+                       {"name": "T", "type": "int8", "versions": "0+"}]})
+
+
+@needs_native
+@pytest.mark.parametrize("marker,null", [("ff", True), ("80", True), ("fe", True),
+                                         ("00", False), ("01", False), ("02", False),
+                                         ("7f", False)])
+def test_negative_lengths_and_struct_markers_read_alike(marker, null):
+    """Any negative length of a nullable field is null; a nullable struct's int8
+    marker is null when negative and present otherwise (Kafka's generated readers):
+    the C decoder, the Python decoder and both scans agree. In non-nullable fields a
+    negative length is declined and a DecodeError."""
+    wire = bytes.fromhex("fffe" + "80000000" + "fffffff0" + "ffffff00" + marker
+                         + ("" if null else "07") + "09")
+    codec = _nulls(True)
+    assert agree(codec, wire, 0)
+    m = codec.decode(wire, 0)
+    assert (m.S, m.B, m.A, m.AS, m.T) == (None, None, None, None, 9)
+    assert (m.NS is None) if null else m.NS.X == 7
+    strict = _nulls(False)
+    assert not agree(strict, wire, 0)
+    with pytest.raises(DecodeError) as ei:
+        strict.decode(wire, 0)
+    assert ei.value.path == "S" and ei.value.offset == 0
+
+
+TAGS = {"name": "G", "type": "data", "validVersions": "1-2", "flexibleVersions": "1+",
+        "fields": [{"name": "A", "type": "int32", "versions": "0+"},
+                   {"name": "T1", "type": "int32", "versions": "1+", "taggedVersions": "1+",
+                    "tag": 1},
+                   {"name": "T5", "type": "int32", "versions": "2+", "taggedVersions": "2+",
+                    "tag": 5},
+                   {"name": "E", "type": "[]El", "versions": "0+", "fields": [
+                       {"name": "B", "type": "int8", "versions": "0+"},
+                       {"name": "T3", "type": "int8", "versions": "2+",
+                        "taggedVersions": "2+", "tag": 3}]}]}
+
+
+@needs_native
+@pytest.mark.parametrize("version,elem_tags,top_tags,ok", [
+    (1, "00", "02 09 01 aa 01 04 00 00 00 03", True),   # any order
+    (1, "02 07 00 06 00", "00", True),                     # any order, nested
+    (1, "00", "02 09 01 aa 09 01 bb", False),              # repeated unknown tag
+    (1, "00", "03 01 04 00 00 00 03 09 00 01 04 00 00 00 04", False),  # repeated known tag
+    (1, "03 07 00 06 00 07 01 01", "00", False),           # repeated, nested, not adjacent
+    (1, "00", "01 05 04 00 00 00 07", False),              # tag 5 is not valid at v1
+    (2, "00", "01 05 04 00 00 00 07", True),
+    (1, "01 03 01 01", "00", False),                       # nested tag 3 is not valid at v1
+    (2, "01 03 01 01", "00", True),
+])
+def test_tag_sections_are_judged_alike(version, elem_tags, top_tags, ok):
+    """Tags in any order are accepted, a tag repeated in one section or a known tag
+    outside its taggedVersions is not: by the C path (decode and scan), the
+    generated Python decoder and the Python scanner alike."""
+    codec = inline(TAGS)
+    wire = h("00 00 00 01 | 03 | 01 | " + elem_tags + "| 02 | 00 |" + top_tags)
+    assert agree(codec, wire, version) is ok
+    end = len(wire)
+    scans = (NATIVE.scan(codec.compiled(version).native, wire, 0, end),
+             python_scan(codec, wire, version, 0, end))
+    assert all((sc is not None and sc[0] == end) is ok for sc in scans), scans
+    if not ok:
+        with pytest.raises(DecodeError, match="repeated|not valid for version"):
+            codec.decode(wire, version)
+        with pytest.raises(DecodeError, match="repeated|not valid for version"):
+            codec.top_level_tags(wire, version)
+
+
+@needs_native
+def test_many_tags_out_of_order_scan_in_bounded_time_and_memory():
+    """A section of 20000 distinct unknown tags in descending order, then the same
+    with one repeated: the C scan's repeat check sorts (no quadratic walk)."""
+    codec = inline(TAGS)
+    n = 20000
+    body = bytearray()
+    for t in range(n + 100, 100, -1):
+        body += _uv(t) + b"\x00"
+    head = h("00 00 00 01 | 01 |") + _uv(n)
+    wire = head + bytes(body)
+    native = codec.compiled(1).native
+    got = NATIVE.scan(native, wire, 0, len(wire))
+    assert got is not None and got[0] == len(wire) and len(got[1]) == n
+    rep = head + bytes(body[:-4]) + _uv(n + 100) + b"\x00"
+    assert NATIVE.scan(native, rep, 0, len(rep)) is None
+    assert python_scan(codec, rep, 1, 0, len(rep)) is None
+
+
+def _uv(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
 @needs_native
 def test_present_default_tags_are_marked_like_the_python_decoder():
     """A tagged field sent with its default value is remembered as present, so it is
@@ -515,7 +621,7 @@ def test_response_tags_through_cached_c_scans_agree_with_the_layered_path(monkey
     header has no tags. For every flexible response version of the default specs,
     with and without body tags, it must give what the layered path gives (header
     decoded, then ``MessageCodec.top_level_tags``), and it must leave to that path
-    what it does not take: header tags (valid ones, and out-of-order ones the
+    what it does not take: header tags (valid ones, and a repeated one the
     header's decoder refuses), a truncated frame, a trailing byte."""
     from kinspect.codec import Codec
     from kinspect.codec.protocol import Response
@@ -546,9 +652,9 @@ def test_response_tags_through_cached_c_scans_agree_with_the_layered_path(monkey
                 tagged = frame[:4] + b"\x01\x05\x01x" + frame[5:]
                 assert c.response_top_level_tags(tagged, api_key, version) == \
                     expected(tagged, api_key, version, hv)
-                disorder = frame[:4] + b"\x02\x05\x01x\x03\x01y" + frame[5:]
+                repeated = frame[:4] + b"\x02\x05\x01x\x05\x01y" + frame[5:]
                 with pytest.raises(DecodeError):
-                    c.response_top_level_tags(disorder, api_key, version)
+                    c.response_top_level_tags(repeated, api_key, version)
             for bad in (frame[:-1], frame + b"\x00"):  # truncated; a trailing byte
                 with pytest.raises(DecodeError):
                     c.response_top_level_tags(bad, api_key, version)

@@ -275,11 +275,12 @@ def test_struct_field_path_without_brackets(codec):
 
 
 def test_inject_between_existing_tags_keeps_ascending_order(codec):
-    """FetchRequest v12 top level: known tag 0 (ClusterId) and unknown tags 1 and 20
-    on the wire (tag 1 is ReplicaState only from v15); inject 7 and 2 → 0, 1, 2, 7, 20."""
+    """FetchRequest v12 top level: known tag 0 (ClusterId) and unknown tags 3 and 20
+    on the wire; inject 7 and 2 → 0, 2, 3, 7, 20. (Tag 1, ReplicaState from v15,
+    would not be valid at v12: Kafka's reader and kinspect's refuse it.)"""
     cls = codec.request_codec(FETCH).cls
     body = cls.from_dict({"ClusterId": "c1", "Topics": [],
-                          "_unknown_tags": {"1": "01", "20": "14"}})
+                          "_unknown_tags": {"3": "01", "20": "14"}})
     hcls = codec.registry.header("RequestHeader").cls
     req = Request(FETCH, 12, 5, "x", 2, hcls(RequestApiKey=FETCH, RequestApiVersion=12,
                                                CorrelationId=5, ClientId="x"), body, 0, "Fetch")
@@ -295,9 +296,9 @@ def test_inject_between_existing_tags_keeps_ascending_order(codec):
     start = len(codec.encode_request(req)) - 1
     tags, end = tag_section(new, start)
     assert end == len(new)
-    assert [t for t, _ in tags] == [0, 1, 2, 7, 20]
+    assert [t for t, _ in tags] == [0, 2, 3, 7, 20]
     assert dict(tags)[0] == b"\x03c1"
-    assert codec.decode_request(new).body.unknown_tags == {1: b"\x01", 2: b"\x02", 7: b"\x07",
+    assert codec.decode_request(new).body.unknown_tags == {2: b"\x02", 3: b"\x01", 7: b"\x07",
                                                           20: b"\x14"}
 
 

@@ -14,7 +14,7 @@
  *
  * Contract with the Python side: decode() returns (value, end_offset) when the
  * bytes decode, and None when they do not (truncated, lengths or counts past the
- * end, negative lengths where not allowed, invalid UTF-8, over-long varints, values
+ * end, negative lengths in non-nullable fields, invalid UTF-8, over-long varints, values
  * out of range, too deep). It never reads outside buf[pos:end], checks every count
  * against the bytes left before allocating for it, and grows lists of structs or
  * strings as their elements are read. On None the caller runs the
@@ -25,7 +25,9 @@
  *
  * scan() walks the same programs without building anything and returns the end
  * offset and the tags of the top-level tag section; it accepts everything decode()
- * accepts (it does not look inside strings or tagged fields).
+ * accepts (it does not look inside strings or tagged fields) and applies the
+ * decoder's rules to tag sections (any order, no tag repeated, no tag of a field
+ * not tagged at this version).
  */
 
 #define PY_SSIZE_T_CLEAN
@@ -42,7 +44,7 @@ enum {
     K_STRING,       /* compact/nullable string */
     K_BYTES,        /* compact/nullable bytes or records */
     K_ARRAY,        /* array of primitives (type) or of structs (sub) */
-    K_STRUCT,       /* struct field (nullable: int8 marker, KIP-893) */
+    K_STRUCT,       /* struct field (nullable: int8 marker, KIP-893; negative = null) */
     K_CONST,        /* default: a shared immutable constant */
     K_NEWLIST,      /* default: a new empty list */
     K_NEWSTRUCT,    /* default: a new struct with every field at its default */
@@ -60,7 +62,7 @@ static const int FIXED_SIZE[] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 16, 0, 0};
 
 /* Bumped whenever the module's behaviour or interface changes: kinspect.codec.native
  * refuses a stale build (an editable install keeps the old .so until rebuilt). */
-#define NATIVE_ABI 3
+#define NATIVE_ABI 5
 
 typedef struct Program Program;
 
@@ -82,6 +84,8 @@ struct Program {
     int flexible;
     int ready;
     PyObject *tagfunc;      /* generated Python tag-section function, or NULL */
+    uint32_t *badtags;      /* tags of fields not tagged at this version (scan rejects) */
+    Py_ssize_t nbadtags;
     Py_ssize_t nops, ndefs;
     Op *ops;                /* decode */
     Op *defs;               /* build an instance with every field at its default */
@@ -222,7 +226,7 @@ rd_strbytes(Ctx *c, int is_str, int compact, int nullable)
     if (rd_len(c, compact, !is_str, &n))
         return FAIL;
     if (n < 0) {
-        if (nullable && n == -1)
+        if (nullable)  /* any negative length is null, as Kafka reads it */
             Py_RETURN_NONE;
         return FAIL;
     }
@@ -267,7 +271,7 @@ rd_array(const Op *op, Ctx *c)
     if (rd_len(c, op->compact, 1, &n))
         return FAIL;
     if (n < 0) {
-        if (op->nullable && n == -1)
+        if (op->nullable)
             Py_RETURN_NONE;
         return FAIL;
     }
@@ -400,14 +404,13 @@ decode_struct(Program *pg, Ctx *c)
             if (op->nullable) {
                 if (c->pos >= c->end)
                     goto error;
+                /* Kafka: a negative int8 marker is null, anything else present */
                 int8_t m = (int8_t)c->buf[c->pos++];
-                if (m == -1) {
+                if (m < 0) {
                     Py_INCREF(Py_None);
                     v = Py_None;
                     break;
                 }
-                if (m != 1)
-                    goto error;
             }
             v = decode_struct(op->sub, c);
             break;
@@ -474,11 +477,46 @@ skip_strbytes(Ctx *c, int is_str, int compact, int nullable)
     if (rd_len(c, compact, !is_str, &n))
         return -1;
     if (n < 0)
-        return nullable && n == -1 ? 0 : -1;
+        return nullable ? 0 : -1;
     if (n > c->end - c->pos)
         return -1;
     c->pos += (Py_ssize_t)n;
     return 0;
+}
+
+static int
+cmp_u32(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Whether a tag repeats in the cnt (tag, size, data) entries of the tag section at
+ * c->buf[pos:] (already walked once, so well-formed): 1 yes, 0 no, -1 with
+ * MemoryError. Only called for sections not in ascending order. */
+static int
+tags_repeat(Ctx *c, Py_ssize_t pos, uint64_t cnt)
+{
+    uint32_t *t = PyMem_Malloc((size_t)cnt * sizeof(uint32_t));
+    if (t == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    Ctx w = *c;
+    w.pos = pos;
+    for (uint64_t i = 0; i < cnt; i++) {
+        uint64_t tag = 0, size = 0;
+        rd_uv(&w, 5, &tag);
+        rd_uv(&w, 5, &size);
+        w.pos += (Py_ssize_t)size;
+        t[i] = (uint32_t)tag;
+    }
+    qsort(t, (size_t)cnt, sizeof(uint32_t), cmp_u32);
+    int rep = 0;
+    for (uint64_t i = 1; i < cnt && !rep; i++)
+        rep = t[i] == t[i - 1];
+    PyMem_Free(t);
+    return rep;
 }
 
 /* Advance over one struct as pg reads it, building nothing; with `tags`, append the
@@ -518,7 +556,7 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
             if (rd_len(c, op->compact, 1, &n))
                 goto fail;
             if (n < 0) {
-                if (op->nullable && n == -1)
+                if (op->nullable)
                     break;
                 goto fail;
             }
@@ -544,10 +582,8 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
                 if (c->pos >= c->end)
                     goto fail;
                 int8_t m = (int8_t)c->buf[c->pos++];
-                if (m == -1)
+                if (m < 0)
                     break;
-                if (m != 1)
-                    goto fail;
             }
             if (skip_struct(op->sub, c, NULL))
                 goto fail;
@@ -557,14 +593,25 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
         }
     }
     if (pg->flexible) {
+        /* the decoder's rules for a tag section: tags in any order, none repeated,
+         * none of a field that is not tagged at this version */
         uint64_t cnt;
-        if (rd_uv(c, 5, &cnt))
+        if (rd_uv(c, 5, &cnt) || cnt > (uint64_t)(c->end - c->pos))
             goto fail;
+        Py_ssize_t section = c->pos;
+        int64_t last = -1;
+        int unordered = 0;
         for (uint64_t i = 0; i < cnt; i++) {
             uint64_t tag, size;
             if (rd_uv(c, 5, &tag) || rd_uv(c, 5, &size) || size > (uint64_t)(c->end - c->pos))
                 goto fail;
             c->pos += (Py_ssize_t)size;
+            if ((int64_t)tag <= last)
+                unordered = 1;
+            last = (int64_t)tag;
+            for (Py_ssize_t k = 0; k < pg->nbadtags; k++)
+                if (pg->badtags[k] == tag)
+                    goto fail;
             if (tags != NULL) {
                 PyObject *t = PyLong_FromUnsignedLongLong(tag);
                 if (t == NULL || PyList_Append(tags, t) < 0) {
@@ -574,6 +621,8 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
                 Py_DECREF(t);
             }
         }
+        if (unordered && tags_repeat(c, section, cnt))
+            goto fail;
     }
     c->depth--;
     return 0;
@@ -812,13 +861,13 @@ Program_new(PyTypeObject *type, PyObject *args, PyObject *kw)
     return (PyObject *)pg;
 }
 
-/* setup(ops, defaults, flexible, tagfunc): may be called once */
+/* setup(ops, defaults, flexible, tagfunc, invalid_tags=()): may be called once */
 static PyObject *
 Program_setup(Program *pg, PyObject *args)
 {
-    PyObject *ops, *defs, *tagfunc;
+    PyObject *ops, *defs, *tagfunc, *bad = NULL;
     int flexible;
-    if (!PyArg_ParseTuple(args, "OOpO", &ops, &defs, &flexible, &tagfunc))
+    if (!PyArg_ParseTuple(args, "OOpO|O", &ops, &defs, &flexible, &tagfunc, &bad))
         return NULL;
     if (pg->ready || pg->ops != NULL) {
         PyErr_SetString(PyExc_ValueError, "program already set up");
@@ -831,6 +880,27 @@ Program_setup(Program *pg, PyObject *args)
     if (!PyList_Check(ops) || !PyList_Check(defs)) {
         PyErr_SetString(PyExc_TypeError, "ops and defaults must be lists");
         return NULL;
+    }
+    if (bad != NULL && !PyTuple_Check(bad)) {
+        PyErr_SetString(PyExc_TypeError, "invalid_tags must be a tuple of ints");
+        return NULL;
+    }
+    Py_ssize_t nbad = bad == NULL ? 0 : PyTuple_GET_SIZE(bad);
+    uint32_t *badtags = PyMem_Malloc((nbad ? nbad : 1) * sizeof(uint32_t));
+    if (badtags == NULL)
+        return PyErr_NoMemory();
+    for (Py_ssize_t i = 0; i < nbad; i++) {
+        unsigned long t = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(bad, i));
+        if (t == (unsigned long)-1 && PyErr_Occurred()) {
+            PyMem_Free(badtags);
+            return NULL;
+        }
+        if (t > 0xFFFFFFFFul) {
+            PyMem_Free(badtags);
+            PyErr_SetString(PyExc_ValueError, "a tag must fit 32 bits");
+            return NULL;
+        }
+        badtags[i] = (uint32_t)t;
     }
     /* work on copies: the lists given cannot change under us while op tuples are
      * parsed (parsing looks attributes up on the class, which may run Python code) */
@@ -856,6 +926,8 @@ Program_setup(Program *pg, PyObject *args)
     pg->defs = o2;
     pg->ndefs = n2;
     pg->flexible = flexible;
+    pg->badtags = badtags;
+    pg->nbadtags = nbad;
     if (flexible) {
         Py_INCREF(tagfunc);
         pg->tagfunc = tagfunc;
@@ -864,6 +936,7 @@ Program_setup(Program *pg, PyObject *args)
     Py_RETURN_NONE;
 fail:
     PyMem_Free(o1);
+    PyMem_Free(badtags);
     Py_XDECREF(ops);
     Py_XDECREF(defs);
     Py_XDECREF(keep);
@@ -897,12 +970,15 @@ Program_dealloc(Program *pg)
     Py_CLEAR(pg->cls);
     PyMem_Free(pg->ops);
     PyMem_Free(pg->defs);
+    PyMem_Free(pg->badtags);
     Py_TYPE(pg)->tp_free((PyObject *)pg);
 }
 
 static PyMethodDef Program_methods[] = {
     {"setup", (PyCFunction)Program_setup, METH_VARARGS,
-     "setup(ops, defaults, flexible, tagfunc): fix the program's operations (once)."},
+     "setup(ops, defaults, flexible, tagfunc, invalid_tags=()): fix the program's "
+     "operations (once); invalid_tags: tags of the struct's fields that are not tagged "
+     "at this version (a scan rejects them, as the decoder does)."},
     {NULL}
 };
 

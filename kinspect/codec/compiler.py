@@ -8,12 +8,14 @@ For each message version two variants are generated and compiled once with
   no call per element). Fixed-width runs are read with one precompiled
   :class:`struct.Struct` that also takes the next field's length prefix (int16,
   int32, or speculatively the first byte of a compact uvarint); arrays of
-  fixed-width primitives use per-count precompiled struct functions, arrays of
-  fixed-width structs one struct call for all elements when every tag section is
-  empty; one- and two-byte varints are read inline. Bounds are checked only where
-  a short slice or an allocation could otherwise pass silently: lengths and counts
-  are checked against the bytes left *before* anything is allocated
-  (KAFKA-14063);
+  fixed-width primitives use precompiled struct functions (a table per type for
+  counts below 128, else one repeat count), arrays of fixed-width structs iterate
+  one precompiled struct of one element over the bytes when every tag section is
+  empty. Nothing kept between calls grows with the input (no struct format is
+  built or cached per element count). One- and two-byte varints are read inline.
+  Bounds are checked only where a short slice or an allocation could otherwise
+  pass silently: lengths and counts are checked against the bytes left *before*
+  anything is allocated (KAFKA-14063);
 * the *traced* variant: one function per struct, every field checked and pushed
   on a trace stack. It runs only after the fast variant failed, to turn whatever
   went wrong into a :class:`~kinspect.codec.errors.DecodeError` (or
@@ -23,6 +25,12 @@ Wire formats follow the Kafka protocol guide and KIP-482 (tagged fields, compact
 types, unsigned varints), KIP-893 (nullable structs) and the proposed per-field
 ``encoding`` property (fixedN / packedN zig-zag varint / upackedN unsigned varint).
 Booleans decode as ``byte != 0`` (as Kafka reads them) and are written as 0/1.
+Nulls are read as Kafka's generated readers read them: any negative length of a
+nullable string, bytes, records or array; a nullable struct's int8 marker when
+negative (present otherwise, not only for 1), a tagged one's unsigned varint marker
+when 0 or 2^31 and above (a Java int <= 0). They are written as -1 (int8 marker -1,
+compact length 0, tagged marker 0). A negative length in a non-nullable field is a
+DecodeError.
 """
 
 from __future__ import annotations
@@ -56,8 +64,8 @@ def _ecode(t: str) -> str:
 # runtime helpers used by generated code
 
 
-def _derr(reason: str, expected: str | None = None) -> DecodeError:
-    return DecodeError(reason, expected=expected)
+def _derr(reason: str, expected: str | None = None, offset: int | None = None) -> DecodeError:
+    return DecodeError(reason, offset=offset, expected=expected)
 
 
 def read_uvarint(buf: bytes, pos: int, max_bytes: int = 5) -> tuple[int, int]:
@@ -153,17 +161,11 @@ def _check_int(v: Any, t: str) -> None:
         raise EncodeError(f"{v!r} is not a valid {t}")
 
 
-_arr_cache: dict[tuple[str, int], Callable] = {}
-
-
 def _ua(code: str, n: int, buf: bytes, pos: int) -> list:
-    key = (code, n)
-    f = _arr_cache.get(key)
-    if f is None:
-        f = _struct.Struct(">%d%s" % (n, code)).unpack_from
-        if len(_arr_cache) < 4096:
-            _arr_cache[key] = f
-    return list(f(buf, pos))
+    """``n`` fixed-width ``code`` values at ``pos``. The format ``">{n}{code}"`` is
+    one repeat count, not ``n`` codes, and is not kept here (the struct module's own
+    small cache may hold it)."""
+    return list(_struct.unpack_from(">%d%s" % (n, code), buf, pos))
 
 
 def _pa(code: str, v: list) -> bytes:
@@ -171,21 +173,6 @@ def _pa(code: str, v: list) -> bytes:
 
 
 _TABLE = 128
-_BATCH_MAX = 4096
-_FA_CACHE: dict[tuple[str, int], Callable] = {}
-
-
-def _fa(fmt: str, n: int) -> Callable:
-    """``unpack_from`` of ``n`` repetitions of ``fmt`` (cached)."""
-    key = (fmt, n)
-    f = _FA_CACHE.get(key)
-    if f is None:
-        f = _struct.Struct(">" + fmt * n).unpack_from
-        if len(_FA_CACHE) < 2048:
-            _FA_CACHE[key] = f
-    return f
-
-
 _CODE_NAMES = {"?": "bool", "B": "u8", "b": "i8", "h": "i16", "H": "u16", "i": "i32", "I": "u32",
                "q": "i64", "d": "f64"}
 _TABLES: dict[tuple[str, bool, str], list] = {}
@@ -207,10 +194,10 @@ def _mark_present(o: Struct, tag: int) -> None:
 
 BASE_NS: dict[str, Any] = {
     "_new": object.__new__, "_uv": read_uvarint, "_uvl": _uvl, "_zz32": _zz32,
-    "_zz64": _zz64, "_wuv": write_uvarint, "_fa": _fa, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
+    "_zz64": _zz64, "_wuv": write_uvarint, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
     "_pa": _pa, "_DE": _derr, "_EE": EncodeError, "_ci": _check_int,
     "_mark": _mark_present, "_str": str, "_len": len, "_bytes": bytes, "_list": list,
-    "_isinst": isinstance, "_Struct": Struct, "_range": range,
+    "_isinst": isinstance, "_Struct": Struct, "_range": range, "_mv": memoryview,
     "_ph": _struct.Struct(">h").pack, "_pi": _struct.Struct(">i").pack,
     "_uh": _struct.Struct(">h").unpack_from, "_ui": _struct.Struct(">i").unpack_from,
     "_ub": _struct.Struct(">b").unpack_from, "_getp": getattr,
@@ -394,15 +381,25 @@ class _Unit:
 
     def gen_tags(self, st: StructSpec, tagged: list[FieldSpec]) -> None:
         self.emit(0, f"def {self.fn('t', st)}(o, buf, pos, end, cnt{self.targ()}):")
+        # As Kafka's generated readers: tags in any order; a tag of a field of this
+        # struct that is not tagged at this version is an error ("Tag N is not valid
+        # for version V"). Unlike them (a repeated tag overwrites the field or adds a
+        # second unknown tag), a tag repeated within one section is an error here:
+        # one value per tag is all a struct holds, so both could not be kept.
         self.emit(1, "u = None")
-        self.emit(1, "last = -1")
+        self.emit(1, "seen = set()")
         self.emit(1, "for _ in _range(cnt):")
+        self.emit(2, "tp = pos")
         self.read_uv(2, "t")
         self.read_uv(2, "sz")
-        self.emit(2, "if t <= last:")
-        self.emit(3, "raise _DE('tagged fields out of order: tag %d after tag %d' % (t, last), "
-                     "'ascending tags')")
-        self.emit(2, "last = t")
+        self.emit(2, "if t in seen:")
+        self.emit(3, "raise _DE('tag %d repeated in one tag section' % t, 'each tag once', tp)")
+        self.emit(2, "seen.add(t)")
+        for f in sorted((f for f in st.fields if f.is_tagged and not f.tagged_in(self.version)),
+                        key=lambda x: x.tag):
+            self.emit(2, f"if t == {f.tag}:")
+            self.emit(3, f"raise _DE('tag {f.tag} ({f.name}) is not valid for version "
+                         f"{self.version}', 'a tag valid at version {self.version}', tp)")
         self.emit(2, "e = pos + sz")
         self.emit(2, "if e > end:")
         self.emit(3, "raise _DE('tagged field %d claims %d bytes, %d left' % (t, sz, end - pos), "
@@ -544,9 +541,7 @@ class _Unit:
             n = self.tmp("n")
             self.read_len(ind, n, compact, pre, "i")
             self.emit(ind, f"if {n} < 0:")
-            if nullable:
-                self.emit(ind + 1, f"if {n} != -1:")
-                self.emit(ind + 2, f"raise _DE('invalid array length %d' % {n}, 'array length')")
+            if nullable:  # any negative length is null, as Kafka reads it
                 self.emit(ind + 1, f"{target} = None")
             else:
                 self.emit(ind + 1, f"raise _DE('null or negative length %d for a non-nullable "
@@ -598,23 +593,19 @@ class _Unit:
         elif f.struct is not None:
             sub = self.fn("d", f.struct)
             if nullable:
+                # the presence marker as Kafka's generated readers take it: a tagged
+                # one is an unsigned varint read into a Java int, null when <= 0 (0,
+                # or 2^31 and above); an untagged one an int8, null when negative.
+                # Anything else (not only 1) means present.
+                m = self.tmp("m")
                 if in_tag:
-                    m = self.tmp("m")
                     self.read_uv(ind, m)
-                    self.emit(ind, f"if {m} == 0:")
-                    self.emit(ind + 1, f"{target} = None")
-                    self.emit(ind, f"elif {m} != 1:")
-                    self.emit(ind + 1, f"raise _DE('invalid nullable struct marker %d' % {m}, "
-                                       f"'0 (null) or 1 (present)')")
+                    self.emit(ind, f"if {m} == 0 or {m} > 2147483647:")
                 else:
-                    m = self.tmp("m")
-                    self.emit(ind, f"{m}, = _ub(buf, pos)")
+                    self.emit(ind, f"{m} = buf[pos]")
                     self.emit(ind, "pos += 1")
-                    self.emit(ind, f"if {m} == -1:")
-                    self.emit(ind + 1, f"{target} = None")
-                    self.emit(ind, f"elif {m} != 1:")
-                    self.emit(ind + 1, f"raise _DE('invalid nullable struct marker %d' % {m}, "
-                                       f"'-1 (null) or 1 (present)')")
+                    self.emit(ind, f"if {m} > 127:")
+                self.emit(ind + 1, f"{target} = None")
                 self.emit(ind, "else:")
                 self.struct_value(ind + 1, f, target, sub, in_tag)
             else:
@@ -647,28 +638,23 @@ class _Unit:
         return bool(wire) and all(self.is_fixed(f) for f in wire)
 
     def batch_decode(self, ind: int, st: StructSpec, n: str, a: str, ap: str) -> int:
-        """Decode an array of fixed-width elements with one struct call when every
-        element has an empty tag section; returns the indent of the general loop
-        that runs otherwise."""
+        """Decode an array of fixed-width elements with one precompiled struct of one
+        element (``iter_unpack`` over a view of the bytes, nothing copied or cached
+        per count) when every element has an empty tag section; returns the indent of
+        the general loop that runs otherwise."""
         v = self.version
         wire = [f for f in st.fields if self.present(f) and not f.tagged_in(v)]
         fmt = "".join(FIXED[f.type][0] for f in wire) + ("B" if self.flexible else "")
         size = _struct.calcsize(">" + fmt)
-        m = len(wire) + (1 if self.flexible else 0)
-        vals, it, e = self.tmp("bv"), self.tmp("it"), self.tmp("e")
+        it, e = self._c(_struct.Struct(">" + fmt).iter_unpack), self.tmp("e")
         self.emit(ind, f"{e} = pos + {n} * {size}")
-        cond = f"{e} <= end and 2 < {n} < {_BATCH_MAX}"
-        self.emit(ind, f"if {cond}:")
-        self.emit(ind + 1, f"{vals} = _fa({fmt!r}, {n})(buf, pos)")
+        cond = f"{n} > 2 and {e} <= end"
         if self.flexible:
-            self.emit(ind + 1, f"if any({vals}[{m - 1}::{m}]):")
-            self.emit(ind + 2, f"{e} = -1")
-        self.emit(ind, "else:")
-        self.emit(ind + 1, f"{e} = -1")
-        self.emit(ind, f"if {e} >= 0:")
+            # every element's tag section (its last byte) is empty
+            cond += f" and buf[pos + {size - 1}:{e}:{size}].count(0) == {n}"
+        self.emit(ind, f"if {cond}:")
         names = [self.tmp("f") for _ in wire] + (["_"] if self.flexible else [])
-        self.emit(ind + 1, f"{it} = iter({vals})")
-        self.emit(ind + 1, f"for {', '.join(names)}, in zip({', '.join([it] * m)}):")
+        self.emit(ind + 1, f"for {', '.join(names)}, in {it}(_mv(buf)[pos:{e}]):")
         x = self.tmp("x")
         self.emit(ind + 2, f"{x} = _new({self.cls_name(st)})")
         for f in st.fields:
@@ -727,9 +713,7 @@ class _Unit:
         self.read_len(ind, n, compact, pre, "h" if t == "string" else "i")
         kind = ("compact " if compact else "") + t
         self.emit(ind, f"if {n} < 0:")
-        if nullable:
-            self.emit(ind + 1, f"if {n} != -1:")
-            self.emit(ind + 2, f"raise _DE('invalid length %d' % {n}, '{kind} length')")
+        if nullable:  # any negative length is null, as Kafka reads it
             self.emit(ind + 1, f"{target} = None")
         else:
             self.emit(ind + 1, f"raise _DE('null or negative length %d for a non-nullable {t}' "
@@ -754,16 +738,16 @@ class _Unit:
         self.emit(0, "")
 
     def encode_body(self, st: StructSpec, ind: int, o: str) -> bool:
-        """Code that appends the encoding of struct ``o`` to ``out``; returns whether
-        any code was emitted."""
+        """Code that appends the encoding of struct ``o`` to ``out`` (always emits
+        some: at least the tag section or the check that no tags were set); returns
+        True."""
         v = self.version
         fields = st.fields
         i = 0
-        wrote = False
         while i < len(fields):
             f = fields[i]
             if not self.present(f):
-                wrote |= self.check_absent(ind, f, o)
+                self.check_absent(ind, f, o)
                 i += 1
                 continue
             if f.tagged_in(v):
@@ -781,16 +765,19 @@ class _Unit:
                 p = self._c(_struct.Struct(fmt).pack)
                 args = ", ".join(f"{o}.{x.name}" for x in run)
                 self.emit(ind, f"out += {p}({args})")
-                wrote = True
                 i = j
                 continue
             self.write_field(ind, f, f"{o}.{f.name}")
-            wrote = True
             i += 1
         if self.flexible:
             self.write_tags(ind, st, o)
-            wrote = True
-        return wrote
+        else:
+            # as Kafka's generated writers (UnsupportedVersionException): tags set on a
+            # struct cannot be written in a version without tag sections
+            self.emit(ind, f"if {o}._unknown:")
+            self.emit(ind + 1, f"raise _EE('tagged fields %s were set, but version {self.version} "
+                               f"does not support tagged fields' % sorted({o}._unknown))")
+        return True
 
     def check_absent(self, ind: int, f: FieldSpec, o: str = "o") -> bool:
         if f.ignorable:
@@ -1083,7 +1070,10 @@ class _NativeBuilder:
         ops = [self.op(f) for f in st.fields] if wire else []
         defaults = [self.default_op(f) for f in st.fields]
         flexible = wire and u.flexible
-        pg.setup(ops, defaults, flexible, u.ns[u.fn("t", st)] if flexible else None)
+        invalid = tuple(sorted(f.tag for f in st.fields
+                               if f.is_tagged and not f.tagged_in(u.version)))
+        pg.setup(ops, defaults, flexible, u.ns[u.fn("t", st)] if flexible else None,
+                 invalid if flexible else ())
         return pg
 
     @staticmethod

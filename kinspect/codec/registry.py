@@ -247,11 +247,24 @@ class MessageCodec:
 
     def decode_from(self, buf: bytes, version: int, pos: int = 0,
                     end: int | None = None) -> tuple[Struct, int]:
-        """Decode a message starting at ``pos``; return it and the offset after it."""
+        """Decode a message starting at ``pos`` that ends at or before ``end``
+        (default: the end of ``buf``); return it and the offset after it.
+
+        Nothing at or after ``end`` is read: a message that would need those bytes
+        is a truncated one.
+
+        Raises:
+            DecodeError: malformed or truncated input (offsets relative to ``buf``),
+                ``pos``/``end`` not a range of ``buf``, or a version the spec does
+                not define.
+        """
         if type(buf) is not bytes:
             buf = bytes(buf)
         if end is None:
             end = len(buf)
+        if not 0 <= pos <= end <= len(buf):
+            raise DecodeError(f"[{pos}:{end}] is not a range of the {len(buf)}-byte buffer",
+                              offset=pos, api=self.api, version=version)
         try:
             cv = self.compiled(version)
         except KinspectError as e:
@@ -278,6 +291,11 @@ class MessageCodec:
                     got = None
                 if got is not None:
                     return got
+            if end < len(buf):
+                # the generated decoders bound lengths and counts by `end` but read
+                # fixed-width fields and tag bytes up to the end of `buf`: give them a
+                # buffer that ends at `end` (same offsets; a copy only in this case)
+                buf = buf[:end]
             return cv.decode(buf, pos, end)
         except _DECODE_FAILURES as ex:
             raise self._diagnose(cv, buf, pos, end, version, ex) from None
@@ -289,6 +307,8 @@ class MessageCodec:
                   first: BaseException) -> DecodeError:
         cv.traced(self.spec, version)
         trace: list[tuple[str, int, str]] = []
+        if end < len(buf):
+            buf = buf[:end]  # as in decode_from
         try:
             cv.decode_traced(buf, pos, end, trace)
         except _DECODE_FAILURES as ex:
@@ -300,8 +320,10 @@ class MessageCodec:
 
         Raises:
             EncodeError: a value of the wrong type or range, a null in a non-nullable
-                field, or a non-default value in a version without the field (unless
-                the field is ``ignorable``).
+                field, a non-default value in a version without the field (unless
+                the field is ``ignorable``), or unknown tagged fields set on a struct
+                in a version that is not flexible (no tag sections; Kafka's writers
+                throw UnsupportedVersionException there rather than drop them).
         """
         out = bytearray()
         self.encode_into(value, version, out)
@@ -385,10 +407,17 @@ class MessageCodec:
         """Read one top-level field without decoding the whole message: only the
         fields before it are skipped, which must be fixed-width, strings or bytes.
 
-        Used on the forwarding path (e.g. Produce ``Acks``).
+        Used on the forwarding path (e.g. Produce ``Acks``). Fields before it are
+        checked as far as skipping needs (lengths, nulls), not decoded: a string
+        skipped over is not checked for UTF-8.
 
+        Returns:
+            the field's value, typed as a decode gives it (``None`` for a null).
         Raises:
-            DecodeError: malformed input; KeyError: no such field in ``version``.
+            DecodeError: truncated or malformed input on the way to the field or in
+                it (invalid UTF-8 in the field itself, a null in a non-nullable
+                field), with its offset and path; KeyError: no such field in
+                ``version``.
         """
         flexible = self.spec.is_flexible(version)
         for f in self.spec.fields:
@@ -397,20 +426,24 @@ class MessageCodec:
             compact = (f.flexible_versions.contains(version) if f.flexible_versions is not None
                        else flexible)
             if f.name == name:
-                obj, _ = _peek_one(buf, pos, f, compact, version)
+                obj, _ = _peek_one(buf, pos, f, compact, version, True)
                 return obj
-            _, pos = _peek_one(buf, pos, f, compact, version)
+            _, pos = _peek_one(buf, pos, f, compact, version, False)
         raise KeyError(f"{self.spec.name} v{version} has no top-level field {name}")
 
     def __repr__(self) -> str:
         return f"MessageCodec({self.spec.name})"
 
 
-def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int) -> tuple[Any, int]:
+def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int,
+              want: bool) -> tuple[Any, int]:
+    """The value of field ``f`` at ``pos`` (only when ``want``: a string skipped over
+    is not decoded) and the offset after it."""
     import struct as _st
 
     from .compiler import FIXED, read_uvarint
 
+    start = pos
     try:
         if f.type in FIXED and not f.is_array and f.encoding_in(version) == "fixed":
             code, size = FIXED[f.type]
@@ -426,14 +459,30 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int) -> tupl
                 n = _st.unpack_from(">i", buf, pos)[0]
                 pos += 4
             if n < 0:
-                return None, pos
+                if f.nullable_in(version):
+                    return None, pos
+                raise DecodeError(f"null or negative length {n} for a non-nullable {f.type}",
+                                  offset=start, expected=f"non-null {f.type}", path=f.name)
             if pos + n > len(buf):
-                raise DecodeError(f"{f.type} length {n} exceeds the bytes left", offset=pos,
+                raise DecodeError(f"{f.type} length {n} exceeds the bytes left", offset=start,
                                   expected=f.type, path=f.name)
+            if not want:
+                return None, pos + n
             raw = buf[pos:pos + n]
-            return (str(raw, "utf-8") if f.type == "string" else raw), pos + n
+            if f.type == "string":
+                try:
+                    return str(raw, "utf-8"), pos + n
+                except UnicodeDecodeError as e:
+                    raise DecodeError(f"invalid UTF-8: {e.reason}", offset=start,
+                                      expected=f.type, path=f.name) from None
+            return bytes(raw), pos + n
     except _struct_error:
-        raise DecodeError("truncated", offset=pos, expected=f.type, path=f.name) from None
+        raise DecodeError("truncated", offset=start, expected=f.type, path=f.name) from None
+    except DecodeError as e:
+        if e.path is None:  # from read_uvarint
+            raise DecodeError(e.reason, offset=e.offset, expected=e.expected,
+                              path=f.name) from None
+        raise
     raise DecodeError(f"cannot peek past field {f.name} of type {f.type}", offset=pos,
                       path=f.name)
 

@@ -12,9 +12,10 @@ lengths and counts are read inline, and array elements are walked in a loop with
 their struct inlined. It validates what it walks (lengths within the bytes left,
 counts bounded by the bytes left before looping, varints of bounded length, the
 message ending exactly at ``end``) and allocates nothing proportional to the
-input but the list of top-level tag numbers. It checks less than a decode (string contents are not UTF-8-checked,
-nullable markers and booleans not range-checked): a frame it accepts may still
-fail to decode, never the reverse.
+input but the list of top-level tag numbers. It checks less than a decode (string
+contents are not UTF-8-checked, tagged fields' data not read): a frame it accepts
+may still fail to decode, never the reverse. Nulls are read as the decoder reads
+them (any negative length of a nullable field; a nullable struct's marker).
 """
 
 from __future__ import annotations
@@ -93,7 +94,8 @@ class _ScanGen:
         if run:
             self.emit(ind, f"pos += {run}")
         if self.flexible:
-            self.tags(ind, top)
+            self.tags(ind, top, sorted(f.tag for f in st.fields
+                                       if f.is_tagged and not f.tagged_in(v)))
 
     def field(self, f: FieldSpec, ind: int, in_tag: bool = False) -> None:
         v = self.version
@@ -103,8 +105,9 @@ class _ScanGen:
             n = self.tmp("n")
             self.length(ind, n, compact, wide=True)
             self.emit(ind, f"if {n} < 0:")
-            self.emit(ind + 1, f"if {n} != -1 or not {nullable}:")
-            self.emit(ind + 2, f"raise _DE('invalid array length %d' % {n}, 'array length')")
+            self.emit(ind + 1, "pass" if nullable else
+                      f"raise _DE('negative length %d for a non-nullable array' % {n}, "
+                      f"'array length')")
             et = f.element_type
             if f.struct is None and et in FIXED:
                 size = FIXED[et][1]
@@ -130,12 +133,14 @@ class _ScanGen:
         if f.struct is not None:
             if nullable:
                 m = self.tmp("m")
+                # present unless the marker means null (as the decoder reads it)
                 if in_tag:
                     self.uv(ind, m)
+                    self.emit(ind, f"if 0 < {m} < 2147483648:")
                 else:
                     self.emit(ind, f"{m} = buf[pos]")
                     self.emit(ind, "pos += 1")
-                self.emit(ind, f"if {m} == 1:")
+                    self.emit(ind, f"if {m} < 128:")
                 mark = len(self.lines)
                 self.struct(f.struct, ind + 1)
                 if len(self.lines) == mark:
@@ -159,22 +164,37 @@ class _ScanGen:
         self.length(ind, n, compact, wide=t != "string")
         self.emit(ind, f"if {n} > 0:")
         self.emit(ind + 1, f"pos += {n}")
-        self.emit(ind, f"elif {n} < 0 and ({n} != -1 or not {nullable}):")
-        self.emit(ind + 1, f"raise _DE('invalid length %d' % {n}, '{t} length')")
+        if not nullable:
+            self.emit(ind, f"elif {n} < 0:")
+            self.emit(ind + 1, f"raise _DE('negative length %d for a non-nullable {t}' % {n}, "
+                               f"'{t} length')")
 
-    def tags(self, ind: int, top: bool) -> None:
+    def tags(self, ind: int, top: bool, invalid: list[int]) -> None:
+        """A tag section, rejected where the decoder rejects it: a tag repeated in it,
+        or a tag of a field of the struct that is not tagged at this version
+        (``invalid``). Order is free."""
         c = self.tmp("c")
         self.uv(ind, c)
         self.emit(ind, f"if {c} > end - pos:")
         self.emit(ind + 1, f"raise _DE('%d tagged fields in the %d bytes left' % ({c}, end - pos), "
                            f"'tag section')")
-        self.emit(ind, f"for _ in _range({c}):")
-        t, s = self.tmp("t"), self.tmp("s")
-        self.uv(ind + 1, t)
-        self.uv(ind + 1, s)
-        self.emit(ind + 1, f"pos += {s}")
+        self.emit(ind, f"if {c}:")
+        t, s, seen = self.tmp("t"), self.tmp("s"), self.tmp("seen")
+        self.emit(ind + 1, f"{seen} = set()")
+        self.emit(ind + 1, f"for _ in _range({c}):")
+        self.uv(ind + 2, t)
+        self.uv(ind + 2, s)
+        self.emit(ind + 2, f"pos += {s}")
+        self.emit(ind + 2, f"if {t} in {seen}:")
+        self.emit(ind + 3, f"raise _DE('tag %d repeated in one tag section' % {t}, "
+                           f"'each tag once')")
+        self.emit(ind + 2, f"{seen}.add({t})")
+        if invalid:
+            self.emit(ind + 2, f"if {t} in {frozenset(invalid)!r}:")
+            self.emit(ind + 3, f"raise _DE('tag %d is not valid for version {self.version}' % {t}, "
+                               f"'a valid tag')")
         if top:
-            self.emit(ind + 1, f"tags.append({t})")
+            self.emit(ind + 2, f"tags.append({t})")
 
 
 def compile_scanner(msg: MessageSpec, version: int) -> Callable[[bytes, int, int], tuple]:
