@@ -135,10 +135,12 @@ _PY_SCANNERS: dict = {}
 def python_scan(codec, buf: bytes, version: int, pos: int, end: int):
     """The generated Python scanner's ``(end, tags)``, or None if it failed."""
     key = (id(codec), version)
+    # the entry keeps its codec alive: a codec made later cannot reuse its id and be
+    # handed another spec's scanner
     if key not in _PY_SCANNERS:
-        _PY_SCANNERS[key] = compile_scanner(codec.spec, version)
+        _PY_SCANNERS[key] = (codec, compile_scanner(codec.spec, version))
     try:
-        return _PY_SCANNERS[key](buf, pos, end)
+        return _PY_SCANNERS[key][1](buf, pos, end)
     except Exception:  # noqa: BLE001 - any failure of the generated scanner
         return None
 
