@@ -439,6 +439,22 @@ def _uv(n: int) -> bytes:
 
 
 @needs_native
+def test_long_compact_strings_are_declined_like_the_python_decoder():
+    """A compact string (field or array element) of 32768 bytes is refused by every
+    reader, 32767 accepted (Kafka's limit)."""
+    codec = inline({"name": "L", "type": "data", "validVersions": "0", "flexibleVersions": "0+",
+                    "fields": [{"name": "S", "type": "string", "versions": "0+"},
+                               {"name": "A", "type": "[]string", "versions": "0+"}]})
+    for n, ok in ((32767, True), (32768, False)):
+        s = _uv(n + 1) + b"a" * n
+        for wire in (s + b"\x01\x00", b"\x01\x02" + s + b"\x00"):
+            assert agree(codec, wire, 0) is ok
+            sc = NATIVE.scan(codec.compiled(0).native, wire, 0, len(wire))
+            assert (sc is not None) is ok
+            assert (python_scan(codec, wire, 0, 0, len(wire)) is not None) is ok
+
+
+@needs_native
 def test_present_default_tags_are_marked_like_the_python_decoder():
     """A tagged field sent with its default value is remembered as present, so it is
     re-encoded (lossless); the C path hands tag sections to the generated function."""

@@ -303,3 +303,35 @@ def test_peek_field_skips_strings_without_decoding_and_raises_decode_error(flexi
     with pytest.raises(DecodeError) as ei:
         c.peek_field(null_a, 0, 0, "B")
     assert ei.value.path == "A" and "non-nullable" in ei.value.reason
+
+
+@pytest.mark.parametrize("flexible", [False, True])
+def test_strings_longer_than_32767_bytes_are_refused_both_ways(flexible):
+    """Kafka's generated code throws "string field X had invalid length" on read
+    (compact strings too, whose varint length could say more) and "'X' field is too
+    long to be serialized" on write. An int16 length cannot say more than 32767."""
+    from kinspect.codec import EncodeError
+
+    c = _one_field("string", flexible)
+    for n, ok in ((32767, True), (32768, False)):
+        value = c.cls(F="a" * n, G=1)
+        if ok:
+            raw = c.encode(value, 0)
+            assert c.decode(raw, 0) == value
+            assert c.peek_field(raw, 0, 0, "G") == 1
+            continue
+        with pytest.raises(EncodeError) as ei:
+            c.encode(value, 0)
+        assert "32767" in ei.value.reason and ei.value.path == "X.F"
+        if not flexible:
+            continue
+        raw = h("81 80 02") + b"a" * n + b"\x01\x00"  # uvarint 32769: 32768 bytes
+        with pytest.raises(DecodeError) as ei:
+            c.decode(raw, 0)
+        assert "32767" in ei.value.reason and ei.value.path == "F" and ei.value.offset == 0
+        with pytest.raises(DecodeError, match="32767"):
+            c.top_level_tags(raw, 0)
+        with pytest.raises(DecodeError, match="32767"):
+            c.peek_field(raw, 0, 0, "G")
+    with pytest.raises(EncodeError, match="32767"):
+        c.encode(c.cls(F="é" * 16384), 0)  # 32768 bytes of UTF-8

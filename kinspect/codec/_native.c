@@ -62,7 +62,7 @@ static const int FIXED_SIZE[] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 16, 0, 0};
 
 /* Bumped whenever the module's behaviour or interface changes: kinspect.codec.native
  * refuses a stale build (an editable install keeps the old .so until rebuilt). */
-#define NATIVE_ABI 5
+#define NATIVE_ABI 6
 
 typedef struct Program Program;
 
@@ -230,7 +230,7 @@ rd_strbytes(Ctx *c, int is_str, int compact, int nullable)
             Py_RETURN_NONE;
         return FAIL;
     }
-    if (n > c->end - c->pos)
+    if (n > c->end - c->pos || (is_str && n > 0x7fff))  /* Kafka: strings <= 32767 bytes */
         return FAIL;
     const char *p = (const char *)c->buf + c->pos;
     c->pos += (Py_ssize_t)n;
@@ -478,7 +478,7 @@ skip_strbytes(Ctx *c, int is_str, int compact, int nullable)
         return -1;
     if (n < 0)
         return nullable ? 0 : -1;
-    if (n > c->end - c->pos)
+    if (n > c->end - c->pos || (is_str && n > 0x7fff))
         return -1;
     c->pos += (Py_ssize_t)n;
     return 0;

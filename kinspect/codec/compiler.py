@@ -719,6 +719,11 @@ class _Unit:
             self.emit(ind + 1, f"raise _DE('null or negative length %d for a non-nullable {t}' "
                                f"% {n}, 'non-null {kind}')")
         self.emit(ind, "else:")
+        if t == "string" and compact:
+            # Kafka: "string field X had invalid length" (an int16 one cannot be)
+            self.emit(ind + 1, f"if {n} > 32767:")
+            self.emit(ind + 2, f"raise _DE('string length %d is longer than 32767' % {n}, "
+                               f"'{kind} of at most 32767 bytes')")
         e = self.tmp("e")
         self.emit(ind + 1, f"{e} = pos + {n}")
         self.emit(ind + 1, f"if {e} > end:")
@@ -982,12 +987,12 @@ class _Unit:
                 self.emit(ind + 1, f"if not _isinst({x}, (bytes, bytearray, memoryview)):")
                 self.emit(ind + 2, f"raise _EE('expected bytes, got %s' % type({x}).__name__)")
             self.emit(ind + 1, f"{b} = {x}")
+        if t == "string":  # Kafka: "'X' field is too long to be serialized"
+            self.emit(ind + 1, f"if len({b}) > 32767:")
+            self.emit(ind + 2, f"raise _EE('string of %d bytes is longer than 32767' % len({b}))")
         if compact:
             self.write_uv(ind + 1, f"len({b}) + 1")
         elif t == "string":
-            if self.traced:
-                self.emit(ind + 1, f"if len({b}) > 32767:")
-                self.emit(ind + 2, "raise _EE('string longer than 32767 bytes')")
             self.emit(ind + 1, f"out += _ph(len({b}))")
         else:
             self.emit(ind + 1, f"out += _pi(len({b}))")

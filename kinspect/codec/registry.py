@@ -466,6 +466,9 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int,
             if pos + n > len(buf):
                 raise DecodeError(f"{f.type} length {n} exceeds the bytes left", offset=start,
                                   expected=f.type, path=f.name)
+            if f.type == "string" and n > 0x7FFF:
+                raise DecodeError(f"string length {n} is longer than 32767", offset=start,
+                                  expected="string of at most 32767 bytes", path=f.name)
             if not want:
                 return None, pos + n
             raw = buf[pos:pos + n]

@@ -162,6 +162,10 @@ class _ScanGen:
             return
         n = self.tmp("n")
         self.length(ind, n, compact, wide=t != "string")
+        if t == "string" and compact:
+            self.emit(ind, f"if {n} > 32767:")
+            self.emit(ind + 1, f"raise _DE('string length %d is longer than 32767' % {n}, "
+                               f"'string length')")
         self.emit(ind, f"if {n} > 0:")
         self.emit(ind + 1, f"pos += {n}")
         if not nullable:
