@@ -55,6 +55,18 @@ def _wait_listening(port: int, proc: subprocess.Popen, deadline: float) -> bool:
     return False
 
 
+def _stop(proc: subprocess.Popen) -> tuple[str, str]:
+    """SIGTERM ``proc`` (its process group if it does not exit in 10 s: SIGKILL);
+    its stdout and stderr."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()
+
+
 def test_same_client_code_reads_the_same_records_from_kinspect_serve(recorded):
     port = free_port()
     proc = subprocess.Popen(
@@ -68,13 +80,7 @@ def test_same_client_code_reads_the_same_records_from_kinspect_serve(recorded):
             consumed = roundtrip("kafka-python", f"127.0.0.1:{port}", VALUES, topic=TOPIC,
                                  group=GROUP, timeout=20)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            _, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            _, err = proc.communicate()
+        _, err = _stop(proc)
     assert ready, f"kinspect serve did not listen on {port} (exit {proc.returncode}):\n{err}"
     assert consumed == VALUES
     assert proc.returncode == 0, err
@@ -227,12 +233,6 @@ def test_serve_banner_prints_the_capture_name_as_it_is(recorded, tmp_path):
     try:
         ready = _wait_listening(port, proc, time.monotonic() + 20)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-        try:
-            out, err = proc.communicate(timeout=10)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
+        out, err = _stop(proc)
     assert ready, err
     assert f"from {path} on 127.0.0.1:{port}" in out + err, out + err
