@@ -29,7 +29,8 @@ Terms:
 ``~topic NAME``     a topic named in the request or response (fields whose spec
                     ``entityType`` is ``topicName``, and topic ids resolved through
                     Metadata responses when a :class:`TopicIds` index is given)
-``~err [N]``        a non-zero ``ErrorCode`` anywhere in the response; with ``N``,
+``~err [N]``        a non-zero ``ErrorCode`` anywhere in the response (fields that
+                    exist at the response's version); with ``N``,
                     that code: ``36``, ``-1`` (the code -1, UNKNOWN_SERVER_ERROR),
                     ``1-10``, ``30-``, ``-1,36``. Unlike ``~v``, a leading ``-``
                     is a sign, never "up to"
@@ -108,8 +109,12 @@ class TopicIds:
         return self.names.get(bytes(topic_id)) if topic_id else None
 
 
-def _walk(value: Any) -> Iterator[tuple[Any, Any]]:
-    """Yield ``(field spec, value)`` for every field of a decoded struct, depth first."""
+def _walk(value: Any, version: int | None = None) -> Iterator[tuple[Any, Any]]:
+    """Yield ``(field spec, value)`` for every field of a decoded struct, depth first.
+
+    With ``version`` (the version the struct was decoded at), only fields that exist
+    at that version: a decoded struct holds every field of its spec, those absent at
+    its version at their defaults, which are not on the wire and say nothing."""
     spec = getattr(value, "_spec", None)
     if spec is None:
         return
@@ -117,6 +122,8 @@ def _walk(value: Any) -> Iterator[tuple[Any, Any]]:
     while stack:
         s = stack.pop()
         for f in s._spec.fields:
+            if version is not None and not f.versions.contains(version):
+                continue
             v = getattr(s, f.name)
             yield f, v
             if v is not None and f.struct is not None:
@@ -135,7 +142,7 @@ def flow_topics(flow: Flow, topic_ids: TopicIds | None = None) -> set[str]:
         body = getattr(msg, "body", None)
         if body is None:
             continue
-        for f, v in _walk(body):
+        for f, v in _walk(body, _body_version(msg)):
             if v is None:
                 continue
             if f.entity_type == "topicName":
@@ -150,14 +157,27 @@ def flow_topics(flow: Flow, topic_ids: TopicIds | None = None) -> set[str]:
     return out
 
 
+def _body_version(msg: Any) -> int | None:
+    """The version ``msg``'s body was decoded at (a response's ``body_version``: an
+    ApiVersions error is answered as v0), or ``None`` when unknown."""
+    v = getattr(msg, "body_version", None)
+    if v is None:
+        v = getattr(msg, "api_version", None)
+    return v if isinstance(v, int) and v >= 0 else None
+
+
 def error_codes(flow: Flow) -> list[int]:
     """Every ``ErrorCode`` value (int fields named ``ErrorCode``) in the decoded
-    response, in walk order."""
+    response, in walk order. Only fields that exist at the version the body was
+    decoded at count: a field added in a later version (Metadata's top-level
+    ``ErrorCode``, v13+) or dropped (FindCoordinator's, v0-3) holds its default,
+    not a code the broker sent."""
     resp = flow.response_decoded
     body = getattr(resp, "body", None)
     if body is None:
         return []
-    return [v for f, v in _walk(body) if f.name == "ErrorCode" and isinstance(v, int)]
+    return [v for f, v in _walk(body, _body_version(resp))
+            if f.name == "ErrorCode" and isinstance(v, int)]
 
 
 # ---------------------------------------------------------------------------

@@ -140,6 +140,59 @@ def test_err_on_the_example_capture_minus_one_matches_nothing(flows):
     assert select("~err -1", flows) == []
 
 
+def _decoded_response_flow(fid: int, api_key: int, version: int, body) -> Flow:
+    """A flow whose response is ``body`` encoded at ``version`` and decoded back, as
+    the proxy decodes it."""
+    from kinspect.codec.protocol import Response
+    from kinspect.proxy.pipeline import decode_flow
+
+    name = CODEC.api_name(api_key)
+    hv = CODEC.response_header_version(api_key, version)
+    f = Flow(fid, 1, "c:1", "u:2", api_key, version, fid, name, b"", 0)
+    f.response = CODEC.encode_response(Response(api_key, version, fid, hv, None, body, 0,
+                                                name, version))
+    decode_flow(CODEC, f)
+    assert f.response_decoded is not None and not f.error
+    return f
+
+
+def test_err_ignores_error_code_fields_absent_at_the_flow_version():
+    """A decoded struct holds every field of its spec; a field that does not exist at
+    the response's version is not an error code the broker sent."""
+    fc = CODEC.response_codec(10).cls  # FindCoordinator: top-level ErrorCode v0-3 only
+    coord = fc._spec.field("Coordinators").struct.cls
+    v4 = _decoded_response_flow(1, 10, 4, fc(Coordinators=[coord(Key="g", ErrorCode=15)]))
+    assert error_codes(v4) == [15]
+    assert not parse("~err 0").matches(v4)
+    assert parse("~err 15").matches(v4) and parse("~err").matches(v4)
+    v3 = _decoded_response_flow(2, 10, 3, fc(ErrorCode=0))
+    assert error_codes(v3) == [0] and parse("~err 0").matches(v3)
+    md = CODEC.response_codec(3).cls  # Metadata: top-level ErrorCode v13+
+    v12 = _decoded_response_flow(3, 3, 12, md())
+    assert error_codes(v12) == []
+    assert not parse("~err 0").matches(v12) and not parse("~err").matches(v12)
+    v13 = _decoded_response_flow(4, 3, 13, md())
+    assert error_codes(v13) == [0] and parse("~err 0").matches(v13)
+
+
+def test_topics_ignore_name_fields_absent_at_the_flow_version():
+    """Fetch v13+ names topics only by id: its ``Topic`` name field (v0-12) is absent,
+    not an empty topic name."""
+    from kinspect.codec.protocol import Request
+
+    fetch_cls = CODEC.request_codec(1).cls
+    ft = fetch_cls._spec.field("Topics").struct.cls
+    f = Flow(1, 1, "c:1", "u:2", 1, 13, 1, "Fetch", b"", 0)
+    f.request_decoded = Request(1, 13, 1, "c", 2, None,
+                                fetch_cls(Topics=[ft(TopicId=bytes(range(1, 17)))]), 0, "Fetch")
+    assert flow_topics(f) == set()
+    assert not parse("~topic ''").matches(f)
+    old = Flow(2, 1, "c:1", "u:2", 1, 12, 2, "Fetch", b"", 0)
+    old.request_decoded = Request(1, 12, 2, "c", 2, None, fetch_cls(Topics=[ft(Topic="t")]), 0,
+                                  "Fetch")
+    assert flow_topics(old) == {"t"}
+
+
 def test_flags(flows):
     rewritten = ids(flows, lambda f: "rewritten" in f.flags)
     assert rewritten  # Metadata and FindCoordinator answers carry broker addresses
