@@ -50,7 +50,7 @@ def test_api_by_name_any_case_and_by_key(flows):
     ("4", lambda v: v == 4),
     ("7-9", lambda v: 7 <= v <= 9),
     ("9-", lambda v: v >= 9),
-    ("-4", lambda v: v <= 4),
+    ("0-4", lambda v: v <= 4),
     ("4,12", lambda v: v in (4, 12)),
 ])
 def test_version_ranges(flows, arg, pred):
@@ -62,6 +62,50 @@ def test_conn_and_correlation_id(flows):
     assert select("~conn 2", flows) == ids(flows, lambda f: f.conn == 2)
     assert select("~conn 1-3", flows) == ids(flows, lambda f: 1 <= f.conn <= 3)
     assert select("~corr 1", flows) == ids(flows, lambda f: f.correlation_id == 1)
+
+
+def _id_flow(conn: int, corr: int) -> Flow:
+    return Flow(conn * 100 + corr, conn, "c:1", "u:2", 3, 12, corr, "Metadata", b"", 0)
+
+
+@pytest.mark.parametrize("expr,want", [
+    ("~corr -1", [-1]),               # the id -1, not "up to 1"
+    ("~corr -5--2", [-5, -2]),
+    ("~corr -2-0", [-2, -1, 0]),
+    ("~corr 1-", [1, 2]),
+    ("~corr -5,2", [-5, 2]),
+    ("~corr 1", [1]),
+])
+def test_correlation_ids_may_be_negative(expr, want):
+    corrs = [-5, -2, -1, 0, 1, 2]
+    f = parse(expr)
+    assert [c for c in corrs if f.matches(_id_flow(1, c))] == want
+
+
+@pytest.mark.parametrize("expr,want", [
+    ("~conn -1", [-1]),
+    ("~conn -1-1", [-1, 0, 1]),
+    ("~conn 1-2", [1, 2]),
+    ("~conn 2-", [2, 3]),
+])
+def test_connection_ids_minus_is_a_sign(expr, want):
+    conns = [-1, 0, 1, 2, 3]
+    f = parse(expr)
+    assert [c for c in conns if f.matches(_id_flow(c, 7))] == want
+
+
+@pytest.mark.parametrize("arg", ["-3", "-1-3", "1,-2"])
+def test_negative_versions_are_refused_naming_the_position(arg):
+    with pytest.raises(FilterError) as e:
+        parse(f"~api Produce & ~v {arg}")
+    assert e.value.position == len("~api Produce & ~v ")
+    assert "never negative" in e.value.reason
+
+
+def test_negative_version_error_suggests_the_range():
+    with pytest.raises(FilterError) as e:
+        parse("~v -3")
+    assert "0-3" in e.value.reason
 
 
 def test_client_id_regex_and_addresses(flows):
