@@ -27,7 +27,8 @@ Terms:
 ``~addr RE``        regular expression searched in the client or broker ``host:port``
 ``~conn N``         connection id: ``3``, ``1-3``, ``5-``, ``2,4``
 ``~corr N``         correlation id (an int32, may be negative): ``7``, ``-1``,
-                    ``100-200``, ``-5--1``
+                    ``100-200``, ``-5--1``; flows without one (raw SASL tokens,
+                    malformed requests: -1 there means "none") never match
 ``~topic NAME``     a topic named in the request or response (fields whose spec
                     ``entityType`` is ``topicName``, and topic ids resolved through
                     Metadata responses when a :class:`TopicIds` index is given)
@@ -67,7 +68,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from .codec import KinspectError
 from .flows import (CLOSED, MUTATED, NO_RESPONSE, REWRITTEN, SASL_TOKEN, UNDECODED, UNPAIRED,
-                    Flow)
+                    Flow, has_correlation_id)
 
 __all__ = ["FilterError", "Filter", "parse", "TopicIds", "flow_topics", "error_codes",
            "TERMS"]
@@ -356,7 +357,7 @@ def _t_conn(arg, err):
 
 def _t_corr(arg, err):
     test = _ranges(arg, err)
-    return lambda f, d, i: test(f.correlation_id)
+    return lambda f, d, i: has_correlation_id(f) and test(f.correlation_id)
 
 
 def _t_topic(arg, err):

@@ -92,6 +92,13 @@ class Flow:
                 f"corr={self.correlation_id} flags={sorted(self.flags)})")
 
 
+def has_correlation_id(flow: Flow) -> bool:
+    """Whether ``flow.correlation_id`` came from the wire. Raw SASL tokens and
+    malformed requests (``api_key`` -1, not ``unpaired``) have none and hold -1 there,
+    which a real id (an int32) may also be."""
+    return flow.api_key >= 0 or UNPAIRED in flow.flags
+
+
 def top_level_error_code(body: Any) -> int | None:
     """The ``ErrorCode`` field of a decoded response body, or ``None``.
 

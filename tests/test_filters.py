@@ -82,6 +82,23 @@ def test_correlation_ids_may_be_negative(expr, want):
     assert [c for c in corrs if f.matches(_id_flow(1, c))] == want
 
 
+def test_corr_never_matches_flows_without_a_correlation_id():
+    """Raw SASL tokens and malformed requests hold -1 for "no correlation id"; an
+    unpaired response's id comes from its frame and counts."""
+    from kinspect.flows import SASL_TOKEN, UNPAIRED
+
+    token = Flow(1, 1, "c:1", "u:2", -1, -1, -1, "SaslToken", b"tok", 0)
+    token.flags.add(SASL_TOKEN)
+    malformed = Flow(2, 1, "c:1", "u:2", -1, -1, -1, "Malformed", b"\x00", 0)
+    unpaired = Flow(3, 1, "c:1", "u:2", -1, -1, -1, "Unpaired", b"", 0)
+    unpaired.flags.add(UNPAIRED)
+    real = _id_flow(1, -1)
+    for expr in ("~corr -1", "~corr -1-", "~corr -10-10"):
+        f = parse(expr)
+        assert [x.api_name for x in (token, malformed, unpaired, real) if f.matches(x)] == \
+            ["Unpaired", "Metadata"]
+
+
 @pytest.mark.parametrize("expr,want", [
     ("~conn -1", [-1]),
     ("~conn -1-1", [-1, 0, 1]),
