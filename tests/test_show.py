@@ -314,6 +314,20 @@ def test_unpaired_and_token_flows_render(cap):
     assert "raw: 0x" in text_of(flow_tree(f, CODEC))
 
 
+def test_negative_correlation_ids_are_shown_and_missing_ones_are_not():
+    """A correlation id is an int32 a client may send negative; only a flow without
+    one (a raw SASL token, whose -1 means "none") leaves the column empty."""
+    from kinspect.flows import SASL_TOKEN
+
+    f = Flow(1, 1, "c:1", "u:2", 3, 12, -5, "Metadata", b"", 0)
+    assert flow_row(f)["corr"] == "-5"
+    assert "corr -5" in text_of(flow_tree(f, CODEC))
+    token = Flow(2, 1, "c:1", "u:2", -1, -1, -1, "SaslToken", b"tok", 0)
+    token.flags.add(SASL_TOKEN)
+    assert flow_row(token)["corr"] == ""
+    assert "corr -1" not in text_of(flow_tree(token, CODEC))
+
+
 def test_names_from_the_wire_are_neither_markup_nor_terminal_control(tmp_path):
     """A client id or topic name holding rich markup (``[/]``, ``[link=...]``) or
     terminal control (ESC, BEL) is shown as text, escaped where not printable, by
