@@ -314,6 +314,36 @@ def test_unpaired_and_token_flows_render(cap):
     assert "raw: 0x" in text_of(flow_tree(f, CODEC))
 
 
+def _response_flow(api_key: int, version: int, body) -> Flow:
+    from kinspect.codec.protocol import Response
+
+    name = CODEC.api_name(api_key)
+    hv = CODEC.response_header_version(api_key, version)
+    f = Flow(1, 1, "c:1", "u:2", api_key, version, 1, name, b"", 0)
+    f.response = CODEC.encode_response(Response(api_key, version, 1, hv, None, body, 0, name,
+                                                version))
+    decode_flow(CODEC, f)
+    assert f.response_decoded is not None and not f.error
+    return f
+
+
+def test_error_column_ignores_error_code_fields_absent_at_the_version():
+    """Metadata's top-level ErrorCode exists from v13, FindCoordinator's up to v3: at
+    other versions the codes in the topics / coordinators are the ones to show."""
+    md = CODEC.response_codec(3).cls
+    topic = md._spec.field("Topics").struct.cls
+    f = _response_flow(3, 12, md(Topics=[topic(Name="t", ErrorCode=3)]))
+    assert f.error_code == 3
+    assert flow_row(f)["error"] == f"3 {error_name(3)}"
+    fc = CODEC.response_codec(10).cls
+    coord = fc._spec.field("Coordinators").struct.cls
+    g = _response_flow(10, 4, fc(Coordinators=[coord(Key="g", ErrorCode=15)]))
+    assert g.error_code == 15 and flow_row(g)["error"].startswith("15 ")
+    # where the top-level field exists it is still the one shown
+    h = _response_flow(3, 13, md(ErrorCode=0, Topics=[topic(Name="t", ErrorCode=3)]))
+    assert h.error_code == 0
+
+
 def test_negative_correlation_ids_are_shown_and_missing_ones_are_not():
     """A correlation id is an int32 a client may send negative; only a flow without
     one (a raw SASL token, whose -1 means "none") leaves the column empty."""
