@@ -289,6 +289,19 @@ def test_show_command_errors(capsys, tmp_path):
     assert "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("errors", [[], ["--errors"]])
+def test_show_filter_is_parsed_on_its_own(capsys, errors):
+    """The --filter text is the whole expression: it cannot close a parenthesis the
+    command put around it, and its errors name positions in it as written."""
+    assert cli.main(["show", str(EXAMPLE), "--filter", "~api Produce) | (~api Fetch",
+                     *errors]) == 1
+    err = capsys.readouterr().err
+    assert "position 12" in err and "unbalanced ')'" in err
+    assert "\n  ~api Produce) | (~api Fetch\n" in err
+    assert cli.main(["show", str(EXAMPLE), "--filter", "~api", *errors]) == 1
+    assert "position 4: ~api needs an argument" in capsys.readouterr().err
+
+
 def test_bytes_limit_truncates_long_values(cap):
     f = produce_flows(cap)[0]
     long_value = b"x" * 500
