@@ -336,7 +336,10 @@ def _t_dir(arg, err):
     def fn(f, d, i):
         if d is not None:
             return d in dirs
-        return ("req" in dirs and bool(f.request)) or ("resp" in dirs and f.response is not None)
+        # an empty request frame is still a request (a raw SASL token may be empty);
+        # only an unpaired response has none
+        return (("req" in dirs and (bool(f.request) or UNPAIRED not in f.flags))
+                or ("resp" in dirs and f.response is not None))
     return fn
 
 

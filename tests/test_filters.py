@@ -278,6 +278,20 @@ def test_direction_at_flow_and_frame_level(flows):
     assert not parse("~dir resp & ~api Produce").matches_frame(f, "req")
 
 
+def test_direction_of_an_empty_request_frame():
+    """An empty raw SASL token is a request frame; an unpaired response has none."""
+    from kinspect.flows import SASL_TOKEN, UNPAIRED
+
+    token = Flow(1, 1, "c:1", "u:2", -1, -1, -1, "SaslToken", b"", 0)
+    token.flags.add(SASL_TOKEN)
+    token.response = b"\x00\x00\x00\x00"
+    assert parse("~dir req").matches(token) and parse("~dir resp").matches(token)
+    unpaired = Flow(2, 1, "c:1", "u:2", -1, -1, 7, "Unpaired", b"", 0)
+    unpaired.flags.add(UNPAIRED)
+    unpaired.response = b"\x00\x00\x00\x07"
+    assert not parse("~dir req").matches(unpaired) and parse("~dir resp").matches(unpaired)
+
+
 def test_topic_ids_are_resolved_through_metadata():
     from kinspect.codec.protocol import Request, Response
 
