@@ -515,8 +515,8 @@ def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
     for direction, label, frame, msg in (
             ("req", "request", flow.request, flow.request_decoded),
             ("resp", "response", flow.response, flow.response_decoded)):
-        if direction == "req" and not frame and flow.response is not None:
-            continue  # unpaired response
+        if direction == "req" and not frame and "unpaired" in flow.flags:
+            continue  # unpaired response (an empty raw SASL token is still a request)
         node = tree.add(Text.assemble((label, "bold green"),
                                       f" ({_frame_bytes_info(frame)})"))
         if frame is None:

@@ -371,6 +371,19 @@ def test_negative_correlation_ids_are_shown_and_missing_ones_are_not():
     assert "corr -1" not in text_of(flow_tree(token, CODEC))
 
 
+def test_empty_sasl_token_shows_its_request():
+    from kinspect.flows import SASL_TOKEN, UNPAIRED
+
+    token = Flow(1, 1, "c:1", "u:2", -1, -1, -1, "SaslToken", b"", 0)
+    token.flags.add(SASL_TOKEN)
+    token.response = b"\x00\x00\x00\x00"
+    assert "request (0 B)" in text_of(flow_tree(token, CODEC))
+    unpaired = Flow(2, 1, "c:1", "u:2", -1, -1, 7, "Unpaired", b"", 0)
+    unpaired.flags.add(UNPAIRED)
+    unpaired.response = b"\x00\x00\x00\x07"
+    assert "request" not in text_of(flow_tree(unpaired, CODEC))
+
+
 def test_names_from_the_wire_are_neither_markup_nor_terminal_control(tmp_path):
     """A client id or topic name holding rich markup (``[/]``, ``[link=...]``) or
     terminal control (ESC, BEL) is shown as text, escaped where not printable, by
