@@ -437,10 +437,18 @@ class _Parser:
             raise self.err("empty filter")
         f = self.parse_or()
         if self.peek():
-            if self.peek() == ")":
-                raise self.err("unbalanced ')'")
-            raise self.err(f"unexpected {self.text[self.pos]!r}")
+            raise self.unexpected()
         return f
+
+    def unexpected(self) -> FilterError:
+        """The error for the character at ``pos``, where a term or expression ended
+        and neither an operator, ``)`` nor the end follows."""
+        c = self.text[self.pos]
+        if c == ")":
+            return self.err("unbalanced ')'")
+        return self.err(f"unexpected {c!r}: expected '&', '|', ')' or the end after a term "
+                        f"(an argument is one word: quote one holding spaces or any of "
+                        f"( ) & | !)")
 
     def parse_or(self) -> Filter:
         parts = [self.parse_and()]
@@ -471,8 +479,10 @@ class _Parser:
             start = self.pos
             self.pos += 1
             f = self.parse_or()
-            if self.peek() != ")":
+            if not self.peek():
                 raise self.err(f"missing ')' for the '(' at position {start}")
+            if self.peek() != ")":
+                raise self.unexpected()
             self.pos += 1
             return f
         if c == "~":
@@ -503,6 +513,8 @@ class _Parser:
             arg = self.parse_arg(allow_bar=name.lower() == "dir")
             if arg is None and spec.arg == "required":
                 raise self.err(f"~{name} needs an argument ({spec.help})")
+        elif self.peek() and self.peek() not in _OPS + "~":
+            raise self.err(f"~{name} takes no argument")
 
         def err(reason: str) -> FilterError:
             return FilterError(f"~{name}: {reason}", self.text, arg_pos)

@@ -358,6 +358,12 @@ def test_implicit_and(flows):
     ("~client 'open", 8, "unterminated"),
     ("~api Produce | | ~v 1", 15, "before '|'"),
     ("~", 1, "term name"),
+    ("~topic my topic", 10, "unexpected 't'"),
+    ("(~topic my topic)", 11, "unexpected 't'"),
+    ("~api Produce ^ ~v 1", 13, "unexpected '^'"),
+    ("~api Produce or ~v 1", 13, "expected '&', '|', ')' or the end"),
+    ("~sasl foo", 6, "~sasl takes no argument"),
+    ("(~api Produce ) )", 16, "unbalanced ')'"),
 ])
 def test_bad_expressions_name_the_position(expr, position, fragment):
     with pytest.raises(FilterError) as e:
