@@ -19,25 +19,37 @@ Terms:
 ==================  ===============================================================
 ``~api X``          api name (case-insensitive: ``Produce``, ``produce``) or api key
                     (``~api 0``); also ``SaslToken``, ``Unpaired``, ``Malformed``
-``~v N``            api version: ``9``, ``7-9``, ``7-``, ``-3``, ``1,3,5-6``
+``~v N``            api version: ``9``, ``7-9``, ``7-``, ``0-3``, ``1,3,5-6``
+                    (see *Numbers* below; a negative number is an error)
 ``~dir D``          direction ``req``, ``resp`` or ``req|resp`` (frame level: on a
                     flow, ``~dir resp`` means "has a response")
 ``~client RE``      regular expression searched in the client id
 ``~addr RE``        regular expression searched in the client or broker ``host:port``
-``~conn N``         connection id (same ranges as ``~v``)
-``~corr N``         correlation id (same ranges)
+``~conn N``         connection id: ``3``, ``1-3``, ``5-``, ``2,4``
+``~corr N``         correlation id (an int32, may be negative): ``7``, ``-1``,
+                    ``100-200``, ``-5--1``; flows without one (raw SASL tokens,
+                    malformed requests: -1 there means "none") never match
 ``~topic NAME``     a topic named in the request or response (fields whose spec
                     ``entityType`` is ``topicName``, and topic ids resolved through
                     Metadata responses when a :class:`TopicIds` index is given)
-``~err [N]``        a non-zero ``ErrorCode`` anywhere in the response; with ``N``,
+``~err [N]``        a non-zero ``ErrorCode`` anywhere in the response (fields that
+                    exist at the response's version); with ``N``,
                     that code: ``36``, ``-1`` (the code -1, UNKNOWN_SERVER_ERROR),
-                    ``1-10``, ``30-``, ``-1,36``. Unlike ``~v``, a leading ``-``
-                    is a sign, never "up to"
+                    ``1-10``, ``30-``, ``-1,36``
 ``~undecoded``      flag ``undecoded``; likewise ``~mutated``, ``~rewritten``,
                     ``~sasl``, ``~closed``, ``~unpaired``, ``~noresp``
 ``~flag NAME``      any flow flag by name (e.g. ``decode-skipped``, ``redacted``)
 ``~all``            every flow
 ==================  ===============================================================
+
+Numbers (``~v``, ``~conn``, ``~corr``, ``~err``): comma-separated numbers and
+ranges, one grammar for all four. ``N`` is that number; ``A-B`` is A to B and ``A-``
+is A and up, both inclusive. A leading ``-`` is always a sign: ``~corr -1`` is the
+correlation id -1, ``~err -1-3`` the codes -1 to 3, ``~corr -5--1`` -5 to -1. There
+is no "up to" form (``-3`` once meant "up to 3"): write the lower bound, ``~v 0-3``,
+``~conn 1-3``. Api versions are never negative (a SASL token flow's -1 means "no
+version", and ``~v`` matches none), so ``~v`` rejects negative numbers instead of
+matching nothing.
 
 Errors: :class:`FilterError` (a :class:`~kinspect.codec.KinspectError`) with the
 ``position`` (0-based character offset) of the problem.
@@ -56,7 +68,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 from .codec import KinspectError
 from .flows import (CLOSED, MUTATED, NO_RESPONSE, REWRITTEN, SASL_TOKEN, UNDECODED, UNPAIRED,
-                    Flow)
+                    Flow, has_correlation_id)
 
 __all__ = ["FilterError", "Filter", "parse", "TopicIds", "flow_topics", "error_codes",
            "TERMS"]
@@ -108,8 +120,12 @@ class TopicIds:
         return self.names.get(bytes(topic_id)) if topic_id else None
 
 
-def _walk(value: Any) -> Iterator[tuple[Any, Any]]:
-    """Yield ``(field spec, value)`` for every field of a decoded struct, depth first."""
+def _walk(value: Any, version: int | None = None) -> Iterator[tuple[Any, Any]]:
+    """Yield ``(field spec, value)`` for every field of a decoded struct, depth first.
+
+    With ``version`` (the version the struct was decoded at), only fields that exist
+    at that version: a decoded struct holds every field of its spec, those absent at
+    its version at their defaults, which are not on the wire and say nothing."""
     spec = getattr(value, "_spec", None)
     if spec is None:
         return
@@ -117,6 +133,8 @@ def _walk(value: Any) -> Iterator[tuple[Any, Any]]:
     while stack:
         s = stack.pop()
         for f in s._spec.fields:
+            if version is not None and not f.versions.contains(version):
+                continue
             v = getattr(s, f.name)
             yield f, v
             if v is not None and f.struct is not None:
@@ -135,7 +153,7 @@ def flow_topics(flow: Flow, topic_ids: TopicIds | None = None) -> set[str]:
         body = getattr(msg, "body", None)
         if body is None:
             continue
-        for f, v in _walk(body):
+        for f, v in _walk(body, _body_version(msg)):
             if v is None:
                 continue
             if f.entity_type == "topicName":
@@ -150,14 +168,27 @@ def flow_topics(flow: Flow, topic_ids: TopicIds | None = None) -> set[str]:
     return out
 
 
+def _body_version(msg: Any) -> int | None:
+    """The version ``msg``'s body was decoded at (a response's ``body_version``: an
+    ApiVersions error is answered as v0), or ``None`` when unknown."""
+    v = getattr(msg, "body_version", None)
+    if v is None:
+        v = getattr(msg, "api_version", None)
+    return v if isinstance(v, int) and v >= 0 else None
+
+
 def error_codes(flow: Flow) -> list[int]:
     """Every ``ErrorCode`` value (int fields named ``ErrorCode``) in the decoded
-    response, in walk order."""
+    response, in walk order. Only fields that exist at the version the body was
+    decoded at count: a field added in a later version (Metadata's top-level
+    ``ErrorCode``, v13+) or dropped (FindCoordinator's, v0-3) holds its default,
+    not a code the broker sent."""
     resp = flow.response_decoded
     body = getattr(resp, "body", None)
     if body is None:
         return []
-    return [v for f, v in _walk(body) if f.name == "ErrorCode" and isinstance(v, int)]
+    return [v for f, v in _walk(body, _body_version(resp))
+            if f.name == "ErrorCode" and isinstance(v, int)]
 
 
 # ---------------------------------------------------------------------------
@@ -235,48 +266,40 @@ class _TermSpec:
     help: str
 
 
-def _codes(arg: str, err: Callable[[str], FilterError]) -> Callable[[int], bool]:
-    """``~err``'s argument: comma-separated codes and ranges where every number may be
-    negative (Kafka's UNKNOWN_SERVER_ERROR is -1). A bare number, ``-1`` included, is
-    that one code; ``A-B`` and ``A-`` are ranges (``-1-3``: -1 to 3). There is no
-    "up to" form, since ``-3`` is the code -3."""
+_NUMBER_RANGE = re.compile(r"\s*(-?\d+)\s*(?:(-)\s*(-?\d+)?)?\s*")
+
+
+def _ranges(arg: str, err: Callable[[str], FilterError], *,
+            expected: str = "a number or range like 7, -1, 7-9 or 7-",
+            minimum: tuple[int, str] | None = None) -> Callable[[int], bool]:
+    """The argument of the numeric terms (``~v``, ``~conn``, ``~corr``, ``~err``):
+    comma-separated numbers and ranges where a leading ``-`` is always a sign. A bare
+    number, ``-1`` included, is that one number; ``A-B`` and ``A-`` are ranges
+    (``-1-3``: -1 to 3, ``-5--2``: -5 to -2). There is no "up to" form, since ``-3``
+    is the number -3: write the lower bound (``0-3``).
+
+    ``minimum``: ``(lowest number the field can hold, why)``; a number below it is an
+    error rather than a term that can never match (``~v -3``, once "up to 3")."""
     parts = []
     for piece in arg.split(","):
-        m = re.fullmatch(r"\s*(-?\d+)\s*(?:(-)\s*(-?\d+)?)?\s*", piece)
+        m = _NUMBER_RANGE.fullmatch(piece)
         if not m:
-            raise err(f"expected an error code or range like 36, -1, 1-10 or 30-, "
-                      f"got {piece!r}")
+            raise err(f"expected {expected}, got {piece!r}")
         lo = int(m.group(1))
         hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) is not None
                                             else None)
+        if minimum is not None and min(lo, lo if hi is None else hi) < minimum[0]:
+            low, why = minimum
+            hint = (f"; for 'up to {-lo}' write {low}-{-lo}"
+                    if m.group(2) is None and -lo >= low else "")
+            raise err(f"{why}: {piece.strip()!r} can never match ('-' before a number "
+                      f"is a sign){hint}")
         if hi is not None and lo > hi:
             raise err(f"empty range {piece!r}")
         parts.append((lo, hi))
 
     def test(n: int) -> bool:
         return any(n >= lo and (hi is None or n <= hi) for lo, hi in parts)
-
-    return test
-
-
-def _ranges(arg: str, err: Callable[[str], FilterError]) -> Callable[[int], bool]:
-    parts = []
-    for piece in arg.split(","):
-        m = re.fullmatch(r"\s*(\d+)?\s*(-)?\s*(\d+)?\s*", piece)
-        if not piece.strip() or not m or (m.group(2) is None and m.group(3) is not None) \
-                or (m.group(1) is None and m.group(3) is None):
-            raise err(f"expected a number or range like 7, 7-9, 7- or -3, got {piece!r}")
-        lo = int(m.group(1)) if m.group(1) is not None else None
-        if m.group(2) is None:
-            parts.append((lo, lo))
-        else:
-            hi = int(m.group(3)) if m.group(3) is not None else None
-            if lo is not None and hi is not None and lo > hi:
-                raise err(f"empty range {piece!r}")
-            parts.append((lo, hi))
-
-    def test(n: int) -> bool:
-        return any((lo is None or n >= lo) and (hi is None or n <= hi) for lo, hi in parts)
 
     return test
 
@@ -300,7 +323,7 @@ def _t_api(arg, err):
 
 
 def _t_version(arg, err):
-    test = _ranges(arg, err)
+    test = _ranges(arg, err, minimum=(0, "api versions are never negative"))
     return lambda f, d, i: f.api_version >= 0 and test(f.api_version)
 
 
@@ -313,7 +336,10 @@ def _t_dir(arg, err):
     def fn(f, d, i):
         if d is not None:
             return d in dirs
-        return ("req" in dirs and bool(f.request)) or ("resp" in dirs and f.response is not None)
+        # an empty request frame is still a request (a raw SASL token may be empty);
+        # only an unpaired response has none
+        return (("req" in dirs and (bool(f.request) or UNPAIRED not in f.flags))
+                or ("resp" in dirs and f.response is not None))
     return fn
 
 
@@ -334,7 +360,7 @@ def _t_conn(arg, err):
 
 def _t_corr(arg, err):
     test = _ranges(arg, err)
-    return lambda f, d, i: test(f.correlation_id)
+    return lambda f, d, i: has_correlation_id(f) and test(f.correlation_id)
 
 
 def _t_topic(arg, err):
@@ -344,7 +370,7 @@ def _t_topic(arg, err):
 def _t_err(arg, err):
     if arg is None:
         return lambda f, d, i: any(c != 0 for c in error_codes(f))
-    test = _codes(arg, err)
+    test = _ranges(arg, err, expected="an error code or range like 36, -1, 1-10 or 30-")
     return lambda f, d, i: any(test(c) for c in error_codes(f))
 
 
@@ -411,10 +437,18 @@ class _Parser:
             raise self.err("empty filter")
         f = self.parse_or()
         if self.peek():
-            if self.peek() == ")":
-                raise self.err("unbalanced ')'")
-            raise self.err(f"unexpected {self.text[self.pos]!r}")
+            raise self.unexpected()
         return f
+
+    def unexpected(self) -> FilterError:
+        """The error for the character at ``pos``, where a term or expression ended
+        and neither an operator, ``)`` nor the end follows."""
+        c = self.text[self.pos]
+        if c == ")":
+            return self.err("unbalanced ')'")
+        return self.err(f"unexpected {c!r}: expected '&', '|', ')' or the end after a term "
+                        f"(an argument is one word: quote one holding spaces or any of "
+                        f"( ) & | !)")
 
     def parse_or(self) -> Filter:
         parts = [self.parse_and()]
@@ -445,8 +479,10 @@ class _Parser:
             start = self.pos
             self.pos += 1
             f = self.parse_or()
-            if self.peek() != ")":
+            if not self.peek():
                 raise self.err(f"missing ')' for the '(' at position {start}")
+            if self.peek() != ")":
+                raise self.unexpected()
             self.pos += 1
             return f
         if c == "~":
@@ -477,6 +513,8 @@ class _Parser:
             arg = self.parse_arg(allow_bar=name.lower() == "dir")
             if arg is None and spec.arg == "required":
                 raise self.err(f"~{name} needs an argument ({spec.help})")
+        elif self.peek() and self.peek() not in _OPS + "~":
+            raise self.err(f"~{name} takes no argument")
 
         def err(reason: str) -> FilterError:
             return FilterError(f"~{name}: {reason}", self.text, arg_pos)

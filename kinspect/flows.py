@@ -92,15 +92,26 @@ class Flow:
                 f"corr={self.correlation_id} flags={sorted(self.flags)})")
 
 
-def top_level_error_code(body: Any) -> int | None:
+def has_correlation_id(flow: Flow) -> bool:
+    """Whether ``flow.correlation_id`` came from the wire. Raw SASL tokens and
+    malformed requests (``api_key`` -1, not ``unpaired``) have none and hold -1 there,
+    which a real id (an int32) may also be."""
+    return flow.api_key >= 0 or UNPAIRED in flow.flags
+
+
+def top_level_error_code(body: Any, version: int | None = None) -> int | None:
     """The ``ErrorCode`` field of a decoded response body, or ``None``.
 
     When the top level has none, the first non-zero ``ErrorCode`` one level down
     (per topic or per partition) is returned, else 0 if such fields exist.
+
+    ``version``: the version the body was decoded at; fields that do not exist at it
+    (held at their defaults, e.g. Metadata's top-level ``ErrorCode`` below v13) are
+    left out. ``None``: every field of the spec.
     """
     if body is None:
         return None
-    has_code, arrays = _error_code_plan(type(body))
+    has_code, arrays = _error_code_plan(type(body), version)
     if has_code:
         return body.ErrorCode
     found = None
@@ -109,11 +120,11 @@ def top_level_error_code(body: Any) -> int | None:
     while level and depth < 3:  # breadth first: the first non-zero code nearest the top
         nxt = []
         for s in level:
-            for name in _error_code_plan(type(s))[1]:
+            for name in _error_code_plan(type(s), version)[1]:
                 items = getattr(s, name)
                 if items:
                     for x in items:
-                        if _error_code_plan(type(x))[0]:
+                        if _error_code_plan(type(x), version)[0]:
                             c = x.ErrorCode
                             if c:
                                 return c
@@ -124,17 +135,23 @@ def top_level_error_code(body: Any) -> int | None:
     return found
 
 
-def _error_code_plan(cls: type) -> tuple[bool, tuple[str, ...]]:
+def _error_code_plan(cls: type, version: int | None = None) -> tuple[bool, tuple[str, ...]]:
     """(has an ``ErrorCode`` field, names of its arrays of structs) of a value class,
-    kept on the class itself (so it lives exactly as long as the class)."""
-    plan = cls.__dict__.get("_error_code_plan")
-    if plan is None:
-        spec = getattr(cls, "_spec", None)
-        arrays = tuple(f.name for f in spec.fields if f.is_array and f.struct is not None) \
-            if spec is not None else ()
-        plan = ("ErrorCode" in getattr(cls, "_fields", ()), arrays)
+    at ``version`` (every field when ``None``), kept on the class itself (so it lives
+    exactly as long as the class)."""
+    plans = cls.__dict__.get("_error_code_plans")
+    if plans is None:
+        plans = {}
         try:
-            cls._error_code_plan = plan
+            cls._error_code_plans = plans
         except (AttributeError, TypeError):  # not a value class (a builtin type)
             pass
+    plan = plans.get(version)
+    if plan is None:
+        spec = getattr(cls, "_spec", None)
+        fields = [f for f in spec.fields if version is None or f.versions.contains(version)] \
+            if spec is not None else []
+        plan = (any(f.name == "ErrorCode" for f in fields),
+                tuple(f.name for f in fields if f.is_array and f.struct is not None))
+        plans[version] = plan
     return plan

@@ -34,6 +34,7 @@ from .codec import Codec, DecodeError
 from .codec.records import RecordSet, decode_records, render_bytes, scan_batches
 from .codec.spec import uuid_to_text
 from .filters import TopicIds
+from .flows import has_correlation_id
 
 __all__ = ["COLUMNS", "RecordsField", "records_fields", "records_summary", "flow_summary",
            "flow_row", "flow_table", "flow_tree", "flow_json", "frame_diff", "error_name",
@@ -334,7 +335,7 @@ def flow_row(flow: Any, topic_ids: TopicIds | None = None, *,
         "conn": str(s["conn"]),
         "client_id": printable(s["client_id"] or ""),
         "api": api,
-        "corr": "" if s["correlation_id"] < 0 else str(s["correlation_id"]),
+        "corr": str(s["correlation_id"]) if has_correlation_id(flow) else "",
         "req_bytes": "" if s["req_bytes"] is None else str(s["req_bytes"]),
         "resp_bytes": "" if s["resp_bytes"] is None else str(s["resp_bytes"]),
         "latency": format_latency(s["latency_ns"]),
@@ -514,8 +515,8 @@ def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
     for direction, label, frame, msg in (
             ("req", "request", flow.request, flow.request_decoded),
             ("resp", "response", flow.response, flow.response_decoded)):
-        if direction == "req" and not frame and flow.response is not None:
-            continue  # unpaired response
+        if direction == "req" and not frame and "unpaired" in flow.flags:
+            continue  # unpaired response (an empty raw SASL token is still a request)
         node = tree.add(Text.assemble((label, "bold green"),
                                       f" ({_frame_bytes_info(frame)})"))
         if frame is None:

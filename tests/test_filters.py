@@ -50,7 +50,7 @@ def test_api_by_name_any_case_and_by_key(flows):
     ("4", lambda v: v == 4),
     ("7-9", lambda v: 7 <= v <= 9),
     ("9-", lambda v: v >= 9),
-    ("-4", lambda v: v <= 4),
+    ("0-4", lambda v: v <= 4),
     ("4,12", lambda v: v in (4, 12)),
 ])
 def test_version_ranges(flows, arg, pred):
@@ -62,6 +62,67 @@ def test_conn_and_correlation_id(flows):
     assert select("~conn 2", flows) == ids(flows, lambda f: f.conn == 2)
     assert select("~conn 1-3", flows) == ids(flows, lambda f: 1 <= f.conn <= 3)
     assert select("~corr 1", flows) == ids(flows, lambda f: f.correlation_id == 1)
+
+
+def _id_flow(conn: int, corr: int) -> Flow:
+    return Flow(conn * 100 + corr, conn, "c:1", "u:2", 3, 12, corr, "Metadata", b"", 0)
+
+
+@pytest.mark.parametrize("expr,want", [
+    ("~corr -1", [-1]),               # the id -1, not "up to 1"
+    ("~corr -5--2", [-5, -2]),
+    ("~corr -2-0", [-2, -1, 0]),
+    ("~corr 1-", [1, 2]),
+    ("~corr -5,2", [-5, 2]),
+    ("~corr 1", [1]),
+])
+def test_correlation_ids_may_be_negative(expr, want):
+    corrs = [-5, -2, -1, 0, 1, 2]
+    f = parse(expr)
+    assert [c for c in corrs if f.matches(_id_flow(1, c))] == want
+
+
+def test_corr_never_matches_flows_without_a_correlation_id():
+    """Raw SASL tokens and malformed requests hold -1 for "no correlation id"; an
+    unpaired response's id comes from its frame and counts."""
+    from kinspect.flows import SASL_TOKEN, UNPAIRED
+
+    token = Flow(1, 1, "c:1", "u:2", -1, -1, -1, "SaslToken", b"tok", 0)
+    token.flags.add(SASL_TOKEN)
+    malformed = Flow(2, 1, "c:1", "u:2", -1, -1, -1, "Malformed", b"\x00", 0)
+    unpaired = Flow(3, 1, "c:1", "u:2", -1, -1, -1, "Unpaired", b"", 0)
+    unpaired.flags.add(UNPAIRED)
+    real = _id_flow(1, -1)
+    for expr in ("~corr -1", "~corr -1-", "~corr -10-10"):
+        f = parse(expr)
+        assert [x.api_name for x in (token, malformed, unpaired, real) if f.matches(x)] == \
+            ["Unpaired", "Metadata"]
+
+
+@pytest.mark.parametrize("expr,want", [
+    ("~conn -1", [-1]),
+    ("~conn -1-1", [-1, 0, 1]),
+    ("~conn 1-2", [1, 2]),
+    ("~conn 2-", [2, 3]),
+])
+def test_connection_ids_minus_is_a_sign(expr, want):
+    conns = [-1, 0, 1, 2, 3]
+    f = parse(expr)
+    assert [c for c in conns if f.matches(_id_flow(c, 7))] == want
+
+
+@pytest.mark.parametrize("arg", ["-3", "-1-3", "1,-2"])
+def test_negative_versions_are_refused_naming_the_position(arg):
+    with pytest.raises(FilterError) as e:
+        parse(f"~api Produce & ~v {arg}")
+    assert e.value.position == len("~api Produce & ~v ")
+    assert "never negative" in e.value.reason
+
+
+def test_negative_version_error_suggests_the_range():
+    with pytest.raises(FilterError) as e:
+        parse("~v -3")
+    assert "0-3" in e.value.reason
 
 
 def test_client_id_regex_and_addresses(flows):
@@ -140,6 +201,59 @@ def test_err_on_the_example_capture_minus_one_matches_nothing(flows):
     assert select("~err -1", flows) == []
 
 
+def _decoded_response_flow(fid: int, api_key: int, version: int, body) -> Flow:
+    """A flow whose response is ``body`` encoded at ``version`` and decoded back, as
+    the proxy decodes it."""
+    from kinspect.codec.protocol import Response
+    from kinspect.proxy.pipeline import decode_flow
+
+    name = CODEC.api_name(api_key)
+    hv = CODEC.response_header_version(api_key, version)
+    f = Flow(fid, 1, "c:1", "u:2", api_key, version, fid, name, b"", 0)
+    f.response = CODEC.encode_response(Response(api_key, version, fid, hv, None, body, 0,
+                                                name, version))
+    decode_flow(CODEC, f)
+    assert f.response_decoded is not None and not f.error
+    return f
+
+
+def test_err_ignores_error_code_fields_absent_at_the_flow_version():
+    """A decoded struct holds every field of its spec; a field that does not exist at
+    the response's version is not an error code the broker sent."""
+    fc = CODEC.response_codec(10).cls  # FindCoordinator: top-level ErrorCode v0-3 only
+    coord = fc._spec.field("Coordinators").struct.cls
+    v4 = _decoded_response_flow(1, 10, 4, fc(Coordinators=[coord(Key="g", ErrorCode=15)]))
+    assert error_codes(v4) == [15]
+    assert not parse("~err 0").matches(v4)
+    assert parse("~err 15").matches(v4) and parse("~err").matches(v4)
+    v3 = _decoded_response_flow(2, 10, 3, fc(ErrorCode=0))
+    assert error_codes(v3) == [0] and parse("~err 0").matches(v3)
+    md = CODEC.response_codec(3).cls  # Metadata: top-level ErrorCode v13+
+    v12 = _decoded_response_flow(3, 3, 12, md())
+    assert error_codes(v12) == []
+    assert not parse("~err 0").matches(v12) and not parse("~err").matches(v12)
+    v13 = _decoded_response_flow(4, 3, 13, md())
+    assert error_codes(v13) == [0] and parse("~err 0").matches(v13)
+
+
+def test_topics_ignore_name_fields_absent_at_the_flow_version():
+    """Fetch v13+ names topics only by id: its ``Topic`` name field (v0-12) is absent,
+    not an empty topic name."""
+    from kinspect.codec.protocol import Request
+
+    fetch_cls = CODEC.request_codec(1).cls
+    ft = fetch_cls._spec.field("Topics").struct.cls
+    f = Flow(1, 1, "c:1", "u:2", 1, 13, 1, "Fetch", b"", 0)
+    f.request_decoded = Request(1, 13, 1, "c", 2, None,
+                                fetch_cls(Topics=[ft(TopicId=bytes(range(1, 17)))]), 0, "Fetch")
+    assert flow_topics(f) == set()
+    assert not parse("~topic ''").matches(f)
+    old = Flow(2, 1, "c:1", "u:2", 1, 12, 2, "Fetch", b"", 0)
+    old.request_decoded = Request(1, 12, 2, "c", 2, None, fetch_cls(Topics=[ft(Topic="t")]), 0,
+                                  "Fetch")
+    assert flow_topics(old) == {"t"}
+
+
 def test_flags(flows):
     rewritten = ids(flows, lambda f: "rewritten" in f.flags)
     assert rewritten  # Metadata and FindCoordinator answers carry broker addresses
@@ -162,6 +276,20 @@ def test_direction_at_flow_and_frame_level(flows):
     assert parse("~dir req").matches_frame(f, "req")
     assert not parse("~dir req").matches_frame(f, "resp")
     assert not parse("~dir resp & ~api Produce").matches_frame(f, "req")
+
+
+def test_direction_of_an_empty_request_frame():
+    """An empty raw SASL token is a request frame; an unpaired response has none."""
+    from kinspect.flows import SASL_TOKEN, UNPAIRED
+
+    token = Flow(1, 1, "c:1", "u:2", -1, -1, -1, "SaslToken", b"", 0)
+    token.flags.add(SASL_TOKEN)
+    token.response = b"\x00\x00\x00\x00"
+    assert parse("~dir req").matches(token) and parse("~dir resp").matches(token)
+    unpaired = Flow(2, 1, "c:1", "u:2", -1, -1, 7, "Unpaired", b"", 0)
+    unpaired.flags.add(UNPAIRED)
+    unpaired.response = b"\x00\x00\x00\x07"
+    assert not parse("~dir req").matches(unpaired) and parse("~dir resp").matches(unpaired)
 
 
 def test_topic_ids_are_resolved_through_metadata():
@@ -230,6 +358,12 @@ def test_implicit_and(flows):
     ("~client 'open", 8, "unterminated"),
     ("~api Produce | | ~v 1", 15, "before '|'"),
     ("~", 1, "term name"),
+    ("~topic my topic", 10, "unexpected 't'"),
+    ("(~topic my topic)", 11, "unexpected 't'"),
+    ("~api Produce ^ ~v 1", 13, "unexpected '^'"),
+    ("~api Produce or ~v 1", 13, "expected '&', '|', ')' or the end"),
+    ("~sasl foo", 6, "~sasl takes no argument"),
+    ("(~api Produce ) )", 16, "unbalanced ')'"),
 ])
 def test_bad_expressions_name_the_position(expr, position, fragment):
     with pytest.raises(FilterError) as e:

@@ -69,3 +69,17 @@ def test_error_code_examples():
     assert top_level_error_code(body) is None
     assert top_level_error_code(REG.codec("ApiVersionsResponse").cls(ErrorCode=35)) == 35
     assert top_level_error_code(None) is None
+
+
+def test_error_code_at_a_version_leaves_out_fields_absent_at_it():
+    from kinspect.codec import Codec
+
+    md = Codec().response_codec(3)  # the shipped specs: Metadata's top-level ErrorCode
+    assert str(md.spec.struct.field("ErrorCode").versions) == "13+"
+    T = md.spec.struct.field("Topics").struct
+    body = md.cls(Topics=[T.cls(Name="t", ErrorCode=3)])
+    assert top_level_error_code(body) == 0  # every field of the spec
+    assert top_level_error_code(body, 12) == 3
+    assert top_level_error_code(body, 13) == 0
+    assert top_level_error_code(md.cls(), 12) is None  # no topics: no code at all
+    assert top_level_error_code(md.cls(), 13) == 0

@@ -289,6 +289,19 @@ def test_show_command_errors(capsys, tmp_path):
     assert "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("errors", [[], ["--errors"]])
+def test_show_filter_is_parsed_on_its_own(capsys, errors):
+    """The --filter text is the whole expression: it cannot close a parenthesis the
+    command put around it, and its errors name positions in it as written."""
+    assert cli.main(["show", str(EXAMPLE), "--filter", "~api Produce) | (~api Fetch",
+                     *errors]) == 1
+    err = capsys.readouterr().err
+    assert "position 12" in err and "unbalanced ')'" in err
+    assert "\n  ~api Produce) | (~api Fetch\n" in err
+    assert cli.main(["show", str(EXAMPLE), "--filter", "~api", *errors]) == 1
+    assert "position 4: ~api needs an argument" in capsys.readouterr().err
+
+
 def test_bytes_limit_truncates_long_values(cap):
     f = produce_flows(cap)[0]
     long_value = b"x" * 500
@@ -312,6 +325,63 @@ def test_unpaired_and_token_flows_render(cap):
     row = flow_row(f)
     assert row["api"] == "Unpaired" and row["req_bytes"] == ""
     assert "raw: 0x" in text_of(flow_tree(f, CODEC))
+
+
+def _response_flow(api_key: int, version: int, body) -> Flow:
+    from kinspect.codec.protocol import Response
+
+    name = CODEC.api_name(api_key)
+    hv = CODEC.response_header_version(api_key, version)
+    f = Flow(1, 1, "c:1", "u:2", api_key, version, 1, name, b"", 0)
+    f.response = CODEC.encode_response(Response(api_key, version, 1, hv, None, body, 0, name,
+                                                version))
+    decode_flow(CODEC, f)
+    assert f.response_decoded is not None and not f.error
+    return f
+
+
+def test_error_column_ignores_error_code_fields_absent_at_the_version():
+    """Metadata's top-level ErrorCode exists from v13, FindCoordinator's up to v3: at
+    other versions the codes in the topics / coordinators are the ones to show."""
+    md = CODEC.response_codec(3).cls
+    topic = md._spec.field("Topics").struct.cls
+    f = _response_flow(3, 12, md(Topics=[topic(Name="t", ErrorCode=3)]))
+    assert f.error_code == 3
+    assert flow_row(f)["error"] == f"3 {error_name(3)}"
+    fc = CODEC.response_codec(10).cls
+    coord = fc._spec.field("Coordinators").struct.cls
+    g = _response_flow(10, 4, fc(Coordinators=[coord(Key="g", ErrorCode=15)]))
+    assert g.error_code == 15 and flow_row(g)["error"].startswith("15 ")
+    # where the top-level field exists it is still the one shown
+    h = _response_flow(3, 13, md(ErrorCode=0, Topics=[topic(Name="t", ErrorCode=3)]))
+    assert h.error_code == 0
+
+
+def test_negative_correlation_ids_are_shown_and_missing_ones_are_not():
+    """A correlation id is an int32 a client may send negative; only a flow without
+    one (a raw SASL token, whose -1 means "none") leaves the column empty."""
+    from kinspect.flows import SASL_TOKEN
+
+    f = Flow(1, 1, "c:1", "u:2", 3, 12, -5, "Metadata", b"", 0)
+    assert flow_row(f)["corr"] == "-5"
+    assert "corr -5" in text_of(flow_tree(f, CODEC))
+    token = Flow(2, 1, "c:1", "u:2", -1, -1, -1, "SaslToken", b"tok", 0)
+    token.flags.add(SASL_TOKEN)
+    assert flow_row(token)["corr"] == ""
+    assert "corr -1" not in text_of(flow_tree(token, CODEC))
+
+
+def test_empty_sasl_token_shows_its_request():
+    from kinspect.flows import SASL_TOKEN, UNPAIRED
+
+    token = Flow(1, 1, "c:1", "u:2", -1, -1, -1, "SaslToken", b"", 0)
+    token.flags.add(SASL_TOKEN)
+    token.response = b"\x00\x00\x00\x00"
+    assert "request (0 B)" in text_of(flow_tree(token, CODEC))
+    unpaired = Flow(2, 1, "c:1", "u:2", -1, -1, 7, "Unpaired", b"", 0)
+    unpaired.flags.add(UNPAIRED)
+    unpaired.response = b"\x00\x00\x00\x07"
+    assert "request" not in text_of(flow_tree(unpaired, CODEC))
 
 
 def test_names_from_the_wire_are_neither_markup_nor_terminal_control(tmp_path):

@@ -47,12 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from ..filters import TopicIds, parse
     from ..show import flow_json, flow_summary, flow_table, flow_tree
 
-    exprs = []
-    if args.filter:
-        exprs.append(f"({args.filter})")
+    # parsed before reading the file, each on its own: pasted into one expression, the
+    # user's filter could close the parenthesis around it ("~api A) | (~api B" parsed)
+    # and its errors would name positions in a text the user did not write
+    filters = [parse(args.filter)] if args.filter else []
     if args.errors:
-        exprs.append("~err")
-    flt = parse(" & ".join(exprs)) if exprs else None  # parse before reading the file
+        filters.append(parse("~err"))
     codec = make_codec(args)
     cap = load_capture(args.capture, codec)
     ids = TopicIds().learn_all(cap.flows)
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
         return rc
 
-    flows = [f for f in cap.flows if flt is None or flt.matches(f, topic_ids=ids)]
+    flows = [f for f in cap.flows if all(x.matches(f, topic_ids=ids) for x in filters)]
     if args.format == "json":
         print(json.dumps([flow_summary(f, ids) for f in flows], indent=2))
         return 0

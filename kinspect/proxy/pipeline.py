@@ -69,7 +69,8 @@ def decode_flow(codec: Codec, flow: Flow) -> None:
         except DecodeError as e:
             errors.append(f"response: {e}")
     if flow.response_decoded is not None:
-        flow.error_code = top_level_error_code(flow.response_decoded.body)
+        resp = flow.response_decoded
+        flow.error_code = top_level_error_code(resp.body, getattr(resp, "body_version", None))
     if errors:
         flow.flags.add(UNDECODED)
         flow.error = "; ".join(([flow.error] if flow.error else []) + errors)
