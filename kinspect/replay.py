@@ -724,7 +724,7 @@ def _top_error(resp: Any) -> int | None:
         return None
     from .flows import top_level_error_code
 
-    return top_level_error_code(resp.body)
+    return top_level_error_code(resp.body, resp.body_version)
 
 
 @dataclass

@@ -536,7 +536,7 @@ def classify(codec: Codec, api_key: int, version: int, status: str, frame: bytes
     except DecodeError as e:
         return "undecodable", None, str(e)
     tree = resp.body.to_dict()
-    code = top_level_error_code(resp.body) or first_error_code(tree)
+    code = top_level_error_code(resp.body, resp.body_version) or first_error_code(tree)
     if baseline is None:  # the baseline itself: equivalent to itself, error code noted
         return "tolerated", code, None
     norm = normalize(tree, volatile)

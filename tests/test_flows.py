@@ -83,3 +83,38 @@ def test_error_code_at_a_version_leaves_out_fields_absent_at_it():
     assert top_level_error_code(body, 13) == 0
     assert top_level_error_code(md.cls(), 12) is None  # no topics: no code at all
     assert top_level_error_code(md.cls(), 13) == 0
+
+
+def _metadata_v12_pair_with_a_topic_error(code: int) -> tuple[bytes, bytes]:
+    """A Metadata v12 request and its answer (frames without the size prefix) where
+    topic ``t`` has error ``code``; v12 has no top-level ``ErrorCode`` (13+)."""
+    import struct
+
+    from kinspect.codec import Codec
+
+    c = Codec()
+    md_req, md_resp = c.request_codec(3), c.response_codec(3)
+    req_body = md_req.encode(md_req.cls(Topics=None), 12)
+    T = md_resp.spec.struct.field("Topics").struct
+    resp_body = md_resp.encode(md_resp.cls(Topics=[T.cls(Name="t", ErrorCode=code)]), 12)
+    # request header v2 (client id "c", empty tag section), response header v1
+    req = struct.pack(">hhih", 3, 12, 7, 1) + b"c" + b"\x00" + req_body
+    resp = struct.pack(">i", 7) + b"\x00" + resp_body
+    return req, resp
+
+
+def test_replay_and_analysis_read_error_codes_at_the_answer_version():
+    from kinspect.analysis.kernel import FlowAnalyzer
+    from kinspect.codec import Codec, default_registry
+    from kinspect.replay import _top_error
+
+    req, resp = _metadata_v12_pair_with_a_topic_error(3)
+    decoded = Codec().decode_response(resp, 3, 12)
+    assert decoded.body_version == 12
+    assert _top_error(decoded) == 3
+    row = FlowAnalyzer(default_registry()).flow_row(
+        {"capture": "c.jsonl", "conn": 1, "correlation_id": 7, "seq": 0, "flow": 1,
+         "client": "127.0.0.1:1", "upstream": "127.0.0.1:2", "api_key": 3,
+         "api_version": 12, "req_frame": req, "resp_frame": resp, "req_ns": 1,
+         "resp_ns": 2, "req_flags": [], "resp_flags": [], "resp_sent_bytes": None})
+    assert row["error_code"] == 3

@@ -204,7 +204,7 @@ class FlowAnalyzer:
             perrs: list[dict] = []
             self._facts(spec, resp.body, resp.body_version, "fetch", topics, names, perrs,
                         errors)
-            row["error_code"] = top_level_error_code(resp.body)
+            row["error_code"] = top_level_error_code(resp.body, resp.body_version)
             row["partition_errors"] = perrs
         row["tagged"] = _tag_rows("request", stats_req) + _tag_rows("response", stats_resp)
         row["topics"] = [
