@@ -1971,6 +1971,37 @@ async def test_request_headers_naming_any_api_version_do_not_grow_the_proxy(
         raw.close()
 
 
+async def test_request_headers_naming_any_api_version_do_not_grow_the_rules(
+        tansu, monkeypatch):
+    """With tagged-field rules installed, every request and every answer is matched
+    against them by (api key, api version), which come from request headers: a
+    client naming a new version in every request makes the rules remember no more
+    than the cap (here lowered to 20) beyond the pairs the specs define, and every
+    request is still forwarded, answered and paired."""
+    from kinspect.proxy import rules as rules_mod
+
+    monkeypatch.setattr(rules_mod, "_INDEX_MAX", 20, raising=False)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        ruleset = rules_mod.RuleSet(
+            [rules_mod.parse_flag("inject", "Metadata:request:top:tag=1000:hex=cafe"),
+             rules_mod.parse_flag("inject", "Metadata:response:top:tag=1000:hex=cafe")],
+            proxy.codec)
+        ruleset.install(proxy)
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        for i, version in enumerate(range(100, 160)):  # versions no one supports
+            req = bytearray(metadata(2 + i))
+            struct.pack_into(">h", req, 2, version)
+            assert corr_of(await roundtrip(raw, bytes(req))) == 2 + i
+        known = [k for k in ruleset._index
+                 if ruleset._spec(k[0], k[1]) is not None
+                 and ruleset._spec(k[0], k[1]).valid_versions.contains(k[2])]
+        assert known and len(ruleset._index) - len(known) <= 20, len(ruleset._index)
+        await proxy.pipeline.drained()
+        assert sorted(f.correlation_id for f in rec.flows) == list(range(1, 62))
+        raw.close()
+
+
 async def test_short_path_frames_are_paired_by_the_pipeline_timer_alone(tansu):
     """With nothing else happening, the pipeline's ``delay`` timer pairs the frames
     of the short path and hands the flows on."""
