@@ -883,6 +883,30 @@ async def test_shutdown_while_a_client_sends_a_large_frame_ends_cleanly(tansu):
     assert not [f for f in rec.flows if f.request and len(f.request) > MiB]
 
 
+async def test_a_broker_host_that_cannot_be_looked_up_ends_only_that_connection(caplog):
+    """A broker may advertise a host name the resolver refuses before any lookup
+    (IDNA cannot encode an empty label: ``a..b``; Python raises UnicodeError, a
+    ValueError, not an OSError). A client sent to the listener the proxy gives that
+    broker gets a clean end of stream with the reason logged, not a connection
+    held open unread forever; the bootstrap connection goes on."""
+    caplog.set_level(logging.INFO, logger="kinspect")
+    with TansuBroker(advertised="a..b:9092") as broker:
+        async with running_proxy(broker.bootstrap) as (proxy, _rec):
+            raw = await Raw.open(*proxy.address)
+            meta = codec().decode_response(await roundtrip(raw, metadata(1)), 3, 12).body
+            (b,) = meta.Brokers
+            assert (b.Host, b.Port) != ("a..b", 9092) and b.Port != proxy.address[1]
+            other = await Raw.open(b.Host, b.Port)
+            other.send(api_versions(1))
+            assert await other.eof(timeout=10), "the connection was reset"
+            await wait_for(lambda: proxy.stats.connections_open == 1, what="the close")
+            assert proxy.stats.connection_errors == 1
+            assert await roundtrip(raw, api_versions(2))
+            other.close()
+            raw.close()
+    assert any("cannot reach broker a..b:9092" in r.getMessage() for r in caplog.records)
+
+
 async def test_garbage_half_frames_and_mid_frame_disconnects_end_only_that_connection(
         tansu, caplog):
     caplog.set_level(logging.INFO, logger="kinspect")

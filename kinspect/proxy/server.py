@@ -1252,7 +1252,10 @@ class _ClientSide(asyncio.Protocol):
             tr, _ = await asyncio.wait_for(
                 loop.create_connection(lambda: _UpstreamSide(conn), host, port),
                 self.proxy.config.connect_timeout)
-        except (OSError, asyncio.TimeoutError) as e:
+        except Exception as e:  # noqa: BLE001 - OSError, TimeoutError, and ValueError
+            # (UnicodeError) for a host name IDNA cannot encode, e.g. "a..b" or a label
+            # over 63 characters, which a broker may advertise: whatever it is, this
+            # connection ends (with its reason) instead of hanging unread
             self.proxy.stats.connection_errors += 1
             conn.close(f"cannot reach broker {host}:{port}: {e or type(e).__name__}",
                        logging.WARNING)
