@@ -2104,6 +2104,60 @@ async def test_a_slow_pipeline_pauses_forwarding_instead_of_growing(tansu, uniqu
         await proxy.close()
 
 
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_connection_made_while_forwarding_is_paused_stays_paused_both_ways(tansu, loop):
+    """The pipeline falls behind (``Proxy.overload``) while a new connection's broker
+    connection is still being made: once it is up, its broker side is not read until
+    the pipeline catches up, like every other connection's (the pause noted before
+    the transport existed reaches the transport); then it is read again."""
+    from proxyutil import Recorder
+
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    class OverloadOnConnect:
+        """An addon whose own queue (``backlog_bytes``) falls far behind as a
+        connection opens: the pipeline pauses the proxy then."""
+
+        def __init__(self):
+            self.backlog_bytes = 0
+            self.connecting = []
+
+        def on_connect(self, conn):
+            self.connecting.append(conn.up_tr is None)
+            self.backlog_bytes = 1 << 40
+
+    async def main():
+        host, port = tansu.bootstrap.rsplit(":", 1)
+        hook = OverloadOnConnect()
+        pipeline = Pipeline(codec(), [Recorder(), hook], delay=0)
+        proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+        await proxy.start()
+        try:
+            raw = await Raw.open(*proxy.address)
+            await wait_for(lambda: proxy.connections and next(iter(proxy.connections)).up_tr,
+                           what="the broker connection")
+            conn = next(iter(proxy.connections))
+            assert hook.connecting == [True]  # overloaded before the broker connection was up
+            assert proxy.overloaded and conn.up_paused and conn.client_paused
+            assert not conn.up_tr.is_reading()
+            hook.backlog_bytes = 0  # caught up
+            await wait_for(lambda: not proxy.overloaded, what="the pipeline to catch up")
+            assert conn.up_tr.is_reading() and not conn.up_paused
+            await roundtrip(raw, api_versions(1))
+            raw.close()
+        finally:
+            await proxy.close()
+
+    import uvloop
+
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
+
+
 class _QueueingAddon:
     """An addon with its own queue (like the capture child process): every flow adds
     its bytes to ``backlog_bytes``; a thread takes them away slowly."""

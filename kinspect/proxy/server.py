@@ -1085,8 +1085,10 @@ class Connection:
             tr.writelines(self._early)
             self._early = []
         if self.proxy.overloaded:
-            self.pause_upstream(HOLD_PIPELINE)
+            self.up_hold |= HOLD_PIPELINE
             self.pause_client(HOLD_PIPELINE)
+        if self.up_hold:  # paused before the transport was there (Proxy.overload while
+            tr.pause_reading()  # connecting): pause the transport itself now
         self.resume_client(HOLD_CONNECTING)
 
     def drain(self) -> None:
