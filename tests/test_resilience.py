@@ -1862,6 +1862,58 @@ async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tans
         raw.close()
 
 
+@pytest.mark.parametrize("metadata_first", [True, False], ids=["metadata-first", "metadata-second"])
+@pytest.mark.parametrize("apart", [False, True], ids=["one-write", "apart"])
+async def test_requests_reusing_a_waiting_id_get_their_own_answers(
+        tansu, unique, metadata_first, apart):
+    """A client may send a request with the correlation id of one still waiting for
+    its answer (here a Metadata and an ApiVersions request, both id 5, in one write
+    or each read on its own on the short path, while the broker holds a Fetch sent
+    before them). Answers come in request order, so each pairs with its own
+    request: the Metadata answer is rewritten (the client stays on the proxy), the
+    ApiVersions one is not checked as a Metadata answer, and no flow is left
+    waiting."""
+    from kinspect.flows import REWRITTEN
+
+    topic = unique("reuse")
+    create_topic(tansu.bootstrap, topic)
+    async with batchless_proxy(tansu) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        conn = next(iter(proxy.connections))
+        reqs = [metadata(5), api_versions(5)]
+        if not metadata_first:
+            reqs.reverse()
+        # the broker answers in order: nothing comes back before this one (an empty
+        # topic: it waits out MaxWaitMs), so both id-5 requests wait at once
+        reqs.insert(0, fetch(4, topic, max_wait_ms=1000))
+        if apart:
+            for req in reqs:
+                consumed = conn.req_cut.consumed
+                raw.send(req)
+                await wait_for(lambda: conn.req_cut.consumed > consumed, what="a request read")
+        else:
+            raw.send(reqs[0])
+            await raw.writer.drain()
+            raw.send(*reqs[1:])
+        answers = [await raw.read(), await raw.read(), await raw.read()]
+        assert [corr_of(a) for a in answers] == [4, 5, 5]
+        answers = answers[1:]
+        m = 0 if metadata_first else 1
+        body = codec().decode_response(answers[m], 3, 12).body
+        assert [(b.Host, b.Port) for b in body.Brokers] == [proxy.address]
+        assert codec().decode_response(answers[1 - m], 18, 3).body.ErrorCode == 0
+        await proxy.pipeline.drained()
+        flows = [f for f in rec.flows if f.correlation_id == 5]
+        assert [f.api_key for f in flows] == ([3, 18] if metadata_first else [18, 3])
+        meta, av = flows[m], flows[1 - m]
+        assert meta.flags == {REWRITTEN} and meta.response_sent == answers[m], meta
+        assert not av.flags and av.response == answers[1 - m] and av.error is None, av
+        assert not conn.tracker.inflight and not conn.tracker.pending
+        assert proxy.stats.undecoded == 0
+        raw.close()
+
+
 async def test_an_acks0_produce_reusing_an_id_does_not_hide_the_request_that_has_it(
         tansu, unique):
     """An acks=0 Produce expects no answer: sent with the correlation id of a Fetch

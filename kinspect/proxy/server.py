@@ -982,12 +982,14 @@ class Connection:
                 out.append(x)
             elif not held:
                 noted.append((x, False))
-            elif proxy.response_mutator is None:  # held for address rewriting only
-                sent = self._rewrite_held(x)
+            elif proxy.response_mutator is None and not self.tracker.dups:
+                sent = self._rewrite_held(x)  # held for address rewriting only
                 out.append(_SIZE(len(sent)))
                 out.append(sent)
                 noted.append((x, True))
-            else:  # a mutator sees the paired flow: pair what came before first
+            else:  # a mutator sees the paired flow (and with a reused correlation
+                # id, the request a frame answers is known once those before it are
+                # paired): pair what came before first
                 for f, h in noted:
                     self._response(f, h, False)
                 noted.clear()
@@ -1028,7 +1030,12 @@ class Connection:
         """Whether the response frame with correlation id ``corr`` must be held
         whole before it is sent: a mutator may replace it, or it may carry broker
         addresses to rewrite."""
-        return self.proxy.response_mutator is not None or self._to_rewrite(corr) is not None
+        if self.proxy.response_mutator is not None or self._to_rewrite(corr) is not None:
+            return True
+        # a reused correlation id: the request it answers is known only once the
+        # answers before it are paired (in _responses), so hold it until then
+        dups = self.tracker.dups
+        return bool(dups) and corr in dups
 
     def _response(self, frame: bytes, held: bool = True, change: bool = True) -> bytes:
         """Pair a response frame and hand it to the pipeline. With ``change``, a held
@@ -1302,14 +1309,19 @@ class _ClientSide(asyncio.Protocol):
                     if chk is _UNSET:
                         chk = proxy.response_check(api_key, api_version)
                     apis = conn.apis
-                    if api_key != PRODUCE:
+                    if corr in apis or corr in conn.tracker.pending:
+                        # the id is taken by a request still waiting for its answer
+                        # (a client may reuse one): answers come in request order and
+                        # the tracker pairs each with the earliest request of its id,
+                        # so this one goes to the tracker now, where the answers are
+                        # then looked up. An acks=0 Produce expects no answer: the
+                        # tracker neither pairs one with it nor lets it hide the
+                        # earlier request of its id, which stays where it is.
+                        if api_key != PRODUCE or \
+                                conn.tracker.produce_acks(data, api_version, 4) != 0:
+                            proxy.settle()
+                    elif api_key != PRODUCE:
                         apis[corr] = chk
-                    elif corr in apis or corr in conn.tracker.pending:
-                        # the id is taken: an acks=0 Produce expects no answer, and
-                        # the tracker neither pairs one with it nor lets it hide the
-                        # earlier request of its id
-                        if conn.tracker.produce_acks(data, api_version, 4) != 0:
-                            apis[corr] = chk
                     elif chk is not None:
                         # (Acks is not read here: an answer to an acks=0 Produce,
                         # which some brokers send, is told apart by the tracker
@@ -1411,6 +1423,8 @@ class _UpstreamSide(asyncio.Protocol):
                 if paired:
                     api = None
                     if conn.tracker.pending:
+                        if conn.tracker.dups:  # a reused id: the answers before this
+                            proxy.settle()     # one first (the tracker pairs in order)
                         flow = conn._to_rewrite(corr)
                         if flow is not None:
                             api = proxy.response_check(flow.api_key, flow.api_version)
