@@ -1944,6 +1944,40 @@ async def test_an_acks0_produce_reusing_an_id_does_not_hide_the_request_that_has
         raw.close()
 
 
+async def test_an_answer_read_with_the_one_before_it_is_checked_as_its_own(tansu, unique):
+    """Two answers of one correlation id in one read (here the Fetch v16 answer and
+    the broker's answer to an acks=0 Produce reusing its id, read together as they
+    are when the broker side was not read for a while): the first is held and
+    checked for KIP-951 NodeEndpoints as the Fetch answer it is; the second is not
+    checked as a Fetch answer too (which flagged the Fetch undecoded), since the
+    first is paired before it is looked at. Both cross unchanged."""
+    topic = unique("reuse-one-read")
+    create_topic(tansu.bootstrap, topic)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        meta = codec().decode_response(await roundtrip(raw, metadata(2)), 3, 12).body
+        topic_id = next(t.TopicId for t in meta.Topics if t.Name == topic)
+        conn = next(iter(proxy.connections))
+        conn.pause_upstream()  # as when the client cannot take more
+        read = conn.resp_cut.consumed
+        raw.send(fetch_v16(7, topic_id),
+                 produce(7, topic, record_batch([b"x"]), acks=0, version=10))
+        await asyncio.sleep(0.5)  # both answered meanwhile (Tansu answers acks=0 too)
+        conn.resume_upstream()
+        answers = [await raw.read(), await raw.read()]
+        assert [corr_of(a) for a in answers] == [7, 7]
+        assert conn.resp_cut.consumed - read == sum(4 + len(a) for a in answers)
+        await proxy.pipeline.drained()
+        fetches = [f for f in rec.flows if f.api_key == 1]
+        assert len(fetches) == 1 and fetches[0].response == answers[0]
+        assert not fetches[0].flags and fetches[0].error is None, fetches[0]
+        stray = [f for f in rec.flows if f.api_key == 0 and f.response is not None]
+        assert len(stray) == 1 and stray[0].response == answers[1]
+        assert proxy.stats.undecoded == 0
+        raw.close()
+
+
 async def test_connections_open_and_close_in_order_with_the_frames(tansu):
     """A connection's open and close reach the pipeline (and a capture's ``conn``
     lines) in their place among the frames of other connections paired later."""

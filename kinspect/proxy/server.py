@@ -982,14 +982,14 @@ class Connection:
                 out.append(x)
             elif not held:
                 noted.append((x, False))
-            elif proxy.response_mutator is None and not self.tracker.dups:
+            elif proxy.response_mutator is None and not noted and not self.tracker.dups:
                 sent = self._rewrite_held(x)  # held for address rewriting only
                 out.append(_SIZE(len(sent)))
                 out.append(sent)
                 noted.append((x, True))
-            else:  # a mutator sees the paired flow (and with a reused correlation
-                # id, the request a frame answers is known once those before it are
-                # paired): pair what came before first
+            else:  # a mutator sees the paired flow (and the request a frame answers
+                # is known once the answers before it are paired: one of them may
+                # have its correlation id): pair what came before first
                 for f, h in noted:
                     self._response(f, h, False)
                 noted.clear()
