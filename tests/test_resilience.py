@@ -1891,7 +1891,8 @@ async def test_requests_reusing_a_waiting_id_get_their_own_answers(
             for req in reqs:
                 consumed = conn.req_cut.consumed
                 raw.send(req)
-                await wait_for(lambda: conn.req_cut.consumed > consumed, what="a request read")
+                await wait_for(lambda c=consumed: conn.req_cut.consumed > c,
+                               what="a request read")
         else:
             raw.send(reqs[0])
             await raw.writer.drain()
