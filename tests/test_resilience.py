@@ -1862,17 +1862,18 @@ async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tans
         raw.close()
 
 
+@pytest.mark.parametrize("other", ["api_versions", "produce"])
 @pytest.mark.parametrize("metadata_first", [True, False], ids=["metadata-first", "metadata-second"])
 @pytest.mark.parametrize("apart", [False, True], ids=["one-write", "apart"])
 async def test_requests_reusing_a_waiting_id_get_their_own_answers(
-        tansu, unique, metadata_first, apart):
+        tansu, unique, metadata_first, apart, other):
     """A client may send a request with the correlation id of one still waiting for
-    its answer (here a Metadata and an ApiVersions request, both id 5, in one write
-    or each read on its own on the short path, while the broker holds a Fetch sent
-    before them). Answers come in request order, so each pairs with its own
-    request: the Metadata answer is rewritten (the client stays on the proxy), the
-    ApiVersions one is not checked as a Metadata answer, and no flow is left
-    waiting."""
+    its answer (here a Metadata request and an ApiVersions or an acks=1 Produce v9
+    request, both id 5, in one write or each read on its own on the short path,
+    while the broker holds a Fetch sent before them). Answers come in request order,
+    so each pairs with its own request: the Metadata answer is rewritten (the client
+    stays on the proxy), the other one is not checked as a Metadata answer, and no
+    flow is left waiting."""
     from kinspect.flows import REWRITTEN
 
     topic = unique("reuse")
@@ -1881,7 +1882,12 @@ async def test_requests_reusing_a_waiting_id_get_their_own_answers(
         raw = await Raw.open(*proxy.address)
         await roundtrip(raw, api_versions(1))
         conn = next(iter(proxy.connections))
-        reqs = [metadata(5), api_versions(5)]
+        if other == "produce":
+            other_key, other_version = 0, 9
+            reqs = [metadata(5), produce(5, topic, record_batch([b"x"]), acks=1, version=9)]
+        else:
+            other_key, other_version = 18, 3
+            reqs = [metadata(5), api_versions(5)]
         if not metadata_first:
             reqs.reverse()
         # the broker answers in order: nothing comes back before this one (an empty
@@ -1903,13 +1909,14 @@ async def test_requests_reusing_a_waiting_id_get_their_own_answers(
         m = 0 if metadata_first else 1
         body = codec().decode_response(answers[m], 3, 12).body
         assert [(b.Host, b.Port) for b in body.Brokers] == [proxy.address]
-        assert codec().decode_response(answers[1 - m], 18, 3).body.ErrorCode == 0
+        codec().decode_response(answers[1 - m], other_key, other_version)
         await proxy.pipeline.drained()
         flows = [f for f in rec.flows if f.correlation_id == 5]
-        assert [f.api_key for f in flows] == ([3, 18] if metadata_first else [18, 3])
-        meta, av = flows[m], flows[1 - m]
+        keys = [3, other_key] if metadata_first else [other_key, 3]
+        assert [f.api_key for f in flows] == keys
+        meta, oth = flows[m], flows[1 - m]
         assert meta.flags == {REWRITTEN} and meta.response_sent == answers[m], meta
-        assert not av.flags and av.response == answers[1 - m] and av.error is None, av
+        assert not oth.flags and oth.response == answers[1 - m] and oth.error is None, oth
         assert not conn.tracker.inflight and not conn.tracker.pending
         assert proxy.stats.undecoded == 0
         raw.close()

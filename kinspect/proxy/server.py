@@ -1320,13 +1320,13 @@ class _ClientSide(asyncio.Protocol):
                         if api_key != PRODUCE or \
                                 conn.tracker.produce_acks(data, api_version, 4) != 0:
                             proxy.settle()
-                    elif api_key != PRODUCE:
-                        apis[corr] = chk
-                    elif chk is not None:
-                        # (Acks is not read here: an answer to an acks=0 Produce,
-                        # which some brokers send, is told apart by the tracker
-                        # before it is decoded, in _UpstreamSide.data_received; the
-                        # entry goes at the next settle)
+                    else:
+                        # (also for a Produce, whose Acks is not read here: an answer
+                        # to an acks=0 Produce, which some brokers send, is forwarded
+                        # as read when chk is None, and else told apart by the
+                        # tracker before it is decoded, in _UpstreamSide.data_received;
+                        # the entry goes at the next settle. It also marks the id as
+                        # waiting, for a later request reusing it.)
                         apis[corr] = chk
                 proxy.pipeline.kick()  # as client_data does
                 return
