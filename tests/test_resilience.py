@@ -883,6 +883,30 @@ async def test_shutdown_while_a_client_sends_a_large_frame_ends_cleanly(tansu):
     assert not [f for f in rec.flows if f.request and len(f.request) > MiB]
 
 
+async def test_a_broker_host_that_cannot_be_looked_up_ends_only_that_connection(caplog):
+    """A broker may advertise a host name the resolver refuses before any lookup
+    (IDNA cannot encode an empty label: ``a..b``; Python raises UnicodeError, a
+    ValueError, not an OSError). A client sent to the listener the proxy gives that
+    broker gets a clean end of stream with the reason logged, not a connection
+    held open unread forever; the bootstrap connection goes on."""
+    caplog.set_level(logging.INFO, logger="kinspect")
+    with TansuBroker(advertised="a..b:9092") as broker:
+        async with running_proxy(broker.bootstrap) as (proxy, _rec):
+            raw = await Raw.open(*proxy.address)
+            meta = codec().decode_response(await roundtrip(raw, metadata(1)), 3, 12).body
+            (b,) = meta.Brokers
+            assert (b.Host, b.Port) != ("a..b", 9092) and b.Port != proxy.address[1]
+            other = await Raw.open(b.Host, b.Port)
+            other.send(api_versions(1))
+            assert await other.eof(timeout=10), "the connection was reset"
+            await wait_for(lambda: proxy.stats.connections_open == 1, what="the close")
+            assert proxy.stats.connection_errors == 1
+            assert await roundtrip(raw, api_versions(2))
+            other.close()
+            raw.close()
+    assert any("cannot reach broker a..b:9092" in r.getMessage() for r in caplog.records)
+
+
 async def test_garbage_half_frames_and_mid_frame_disconnects_end_only_that_connection(
         tansu, caplog):
     caplog.set_level(logging.INFO, logger="kinspect")
@@ -1838,6 +1862,66 @@ async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tans
         raw.close()
 
 
+@pytest.mark.parametrize("other", ["api_versions", "produce"])
+@pytest.mark.parametrize("metadata_first", [True, False], ids=["metadata-first", "metadata-second"])
+@pytest.mark.parametrize("apart", [False, True], ids=["one-write", "apart"])
+async def test_requests_reusing_a_waiting_id_get_their_own_answers(
+        tansu, unique, metadata_first, apart, other):
+    """A client may send a request with the correlation id of one still waiting for
+    its answer (here a Metadata request and an ApiVersions or an acks=1 Produce v9
+    request, both id 5, in one write or each read on its own on the short path,
+    while the broker holds a Fetch sent before them). Answers come in request order,
+    so each pairs with its own request: the Metadata answer is rewritten (the client
+    stays on the proxy), the other one is not checked as a Metadata answer, and no
+    flow is left waiting."""
+    from kinspect.flows import REWRITTEN
+
+    topic = unique("reuse")
+    create_topic(tansu.bootstrap, topic)
+    async with batchless_proxy(tansu) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        conn = next(iter(proxy.connections))
+        if other == "produce":
+            other_key, other_version = 0, 9
+            reqs = [metadata(5), produce(5, topic, record_batch([b"x"]), acks=1, version=9)]
+        else:
+            other_key, other_version = 18, 3
+            reqs = [metadata(5), api_versions(5)]
+        if not metadata_first:
+            reqs.reverse()
+        # the broker answers in order: nothing comes back before this one (an empty
+        # topic: it waits out MaxWaitMs), so both id-5 requests wait at once
+        reqs.insert(0, fetch(4, topic, max_wait_ms=1000))
+        if apart:
+            for req in reqs:
+                consumed = conn.req_cut.consumed
+                raw.send(req)
+                await wait_for(lambda c=consumed: conn.req_cut.consumed > c,
+                               what="a request read")
+        else:
+            raw.send(reqs[0])
+            await raw.writer.drain()
+            raw.send(*reqs[1:])
+        answers = [await raw.read(), await raw.read(), await raw.read()]
+        assert [corr_of(a) for a in answers] == [4, 5, 5]
+        answers = answers[1:]
+        m = 0 if metadata_first else 1
+        body = codec().decode_response(answers[m], 3, 12).body
+        assert [(b.Host, b.Port) for b in body.Brokers] == [proxy.address]
+        codec().decode_response(answers[1 - m], other_key, other_version)
+        await proxy.pipeline.drained()
+        flows = [f for f in rec.flows if f.correlation_id == 5]
+        keys = [3, other_key] if metadata_first else [other_key, 3]
+        assert [f.api_key for f in flows] == keys
+        meta, oth = flows[m], flows[1 - m]
+        assert meta.flags == {REWRITTEN} and meta.response_sent == answers[m], meta
+        assert not oth.flags and oth.response == answers[1 - m] and oth.error is None, oth
+        assert not conn.tracker.inflight and not conn.tracker.pending
+        assert proxy.stats.undecoded == 0
+        raw.close()
+
+
 async def test_an_acks0_produce_reusing_an_id_does_not_hide_the_request_that_has_it(
         tansu, unique):
     """An acks=0 Produce expects no answer: sent with the correlation id of a Fetch
@@ -1864,6 +1948,40 @@ async def test_an_acks0_produce_reusing_an_id_does_not_hide_the_request_that_has
         fetches = [f for f in rec.flows if f.api_key == 1]
         assert len(fetches) == 1 and fetches[0].response == answers[0]
         assert not fetches[0].flags and fetches[0].error is None, fetches[0]
+        assert proxy.stats.undecoded == 0
+        raw.close()
+
+
+async def test_an_answer_read_with_the_one_before_it_is_checked_as_its_own(tansu, unique):
+    """Two answers of one correlation id in one read (here the Fetch v16 answer and
+    the broker's answer to an acks=0 Produce reusing its id, read together as they
+    are when the broker side was not read for a while): the first is held and
+    checked for KIP-951 NodeEndpoints as the Fetch answer it is; the second is not
+    checked as a Fetch answer too (which flagged the Fetch undecoded), since the
+    first is paired before it is looked at. Both cross unchanged."""
+    topic = unique("reuse-one-read")
+    create_topic(tansu.bootstrap, topic)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        meta = codec().decode_response(await roundtrip(raw, metadata(2)), 3, 12).body
+        topic_id = next(t.TopicId for t in meta.Topics if t.Name == topic)
+        conn = next(iter(proxy.connections))
+        conn.pause_upstream()  # as when the client cannot take more
+        read = conn.resp_cut.consumed
+        raw.send(fetch_v16(7, topic_id),
+                 produce(7, topic, record_batch([b"x"]), acks=0, version=10))
+        await asyncio.sleep(0.5)  # both answered meanwhile (Tansu answers acks=0 too)
+        conn.resume_upstream()
+        answers = [await raw.read(), await raw.read()]
+        assert [corr_of(a) for a in answers] == [7, 7]
+        assert conn.resp_cut.consumed - read == sum(4 + len(a) for a in answers)
+        await proxy.pipeline.drained()
+        fetches = [f for f in rec.flows if f.api_key == 1]
+        assert len(fetches) == 1 and fetches[0].response == answers[0]
+        assert not fetches[0].flags and fetches[0].error is None, fetches[0]
+        stray = [f for f in rec.flows if f.api_key == 0 and f.response is not None]
+        assert len(stray) == 1 and stray[0].response == answers[1]
         assert proxy.stats.undecoded == 0
         raw.close()
 
@@ -1971,6 +2089,37 @@ async def test_request_headers_naming_any_api_version_do_not_grow_the_proxy(
         raw.close()
 
 
+async def test_request_headers_naming_any_api_version_do_not_grow_the_rules(
+        tansu, monkeypatch):
+    """With tagged-field rules installed, every request and every answer is matched
+    against them by (api key, api version), which come from request headers: a
+    client naming a new version in every request makes the rules remember no more
+    than the cap (here lowered to 20) beyond the pairs the specs define, and every
+    request is still forwarded, answered and paired."""
+    from kinspect.proxy import rules as rules_mod
+
+    monkeypatch.setattr(rules_mod, "_INDEX_MAX", 20, raising=False)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        ruleset = rules_mod.RuleSet(
+            [rules_mod.parse_flag("inject", "Metadata:request:top:tag=1000:hex=cafe"),
+             rules_mod.parse_flag("inject", "Metadata:response:top:tag=1000:hex=cafe")],
+            proxy.codec)
+        ruleset.install(proxy)
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        for i, version in enumerate(range(100, 160)):  # versions no one supports
+            req = bytearray(metadata(2 + i))
+            struct.pack_into(">h", req, 2, version)
+            assert corr_of(await roundtrip(raw, bytes(req))) == 2 + i
+        known = [k for k in ruleset._index
+                 if ruleset._spec(k[0], k[1]) is not None
+                 and ruleset._spec(k[0], k[1]).valid_versions.contains(k[2])]
+        assert known and len(ruleset._index) - len(known) <= 20, len(ruleset._index)
+        await proxy.pipeline.drained()
+        assert sorted(f.correlation_id for f in rec.flows) == list(range(1, 62))
+        raw.close()
+
+
 async def test_short_path_frames_are_paired_by_the_pipeline_timer_alone(tansu):
     """With nothing else happening, the pipeline's ``delay`` timer pairs the frames
     of the short path and hands the flows on."""
@@ -2047,6 +2196,60 @@ async def test_a_slow_pipeline_pauses_forwarding_instead_of_growing(tansu, uniqu
         assert proxy.stats.decode_skipped > 0
     finally:
         await proxy.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_connection_made_while_forwarding_is_paused_stays_paused_both_ways(tansu, loop):
+    """The pipeline falls behind (``Proxy.overload``) while a new connection's broker
+    connection is still being made: once it is up, its broker side is not read until
+    the pipeline catches up, like every other connection's (the pause noted before
+    the transport existed reaches the transport); then it is read again."""
+    from proxyutil import Recorder
+
+    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    class OverloadOnConnect:
+        """An addon whose own queue (``backlog_bytes``) falls far behind as a
+        connection opens: the pipeline pauses the proxy then."""
+
+        def __init__(self):
+            self.backlog_bytes = 0
+            self.connecting = []
+
+        def on_connect(self, conn):
+            self.connecting.append(conn.up_tr is None)
+            self.backlog_bytes = 1 << 40
+
+    async def main():
+        host, port = tansu.bootstrap.rsplit(":", 1)
+        hook = OverloadOnConnect()
+        pipeline = Pipeline(codec(), [Recorder(), hook], delay=0)
+        proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+        await proxy.start()
+        try:
+            raw = await Raw.open(*proxy.address)
+            await wait_for(lambda: proxy.connections and next(iter(proxy.connections)).up_tr,
+                           what="the broker connection")
+            conn = next(iter(proxy.connections))
+            assert hook.connecting == [True]  # overloaded before the broker connection was up
+            assert proxy.overloaded and conn.up_paused and conn.client_paused
+            assert not conn.up_tr.is_reading()
+            hook.backlog_bytes = 0  # caught up
+            await wait_for(lambda: not proxy.overloaded, what="the pipeline to catch up")
+            assert conn.up_tr.is_reading() and not conn.up_paused
+            await roundtrip(raw, api_versions(1))
+            raw.close()
+        finally:
+            await proxy.close()
+
+    import uvloop
+
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
 
 
 class _QueueingAddon:

@@ -120,3 +120,21 @@ def test_api_versions_error_35_decodes_as_v0_even_beyond_the_specs():
         resp = c.decode_response(body, 18, asked)
         assert resp.body.ErrorCode == 35 and resp.body_version == 0 and resp.header_version == 0
         assert resp.correlation_id == 7
+
+
+def test_a_reused_correlation_id_pairs_its_answers_in_request_order():
+    """A client may send a request with the id of one still waiting for its answer.
+    Answers come in request order: the first answer of the id pairs with the first
+    request, the next with the next, and nothing is left waiting (a flow left
+    behind would be reported ``closed`` and keep a shutdown waiting for it)."""
+    t = tracker()
+    meta = t.request(request_bytes(3, 12, 5, Topics=None), 1)
+    av = t.request(request_bytes(18, 3, 5, ClientSoftwareName="x", ClientSoftwareVersion="1"), 2)
+    third = t.request(request_bytes(3, 12, 5, Topics=None), 3)
+    assert t.peek(5) is meta
+    assert t.response(response_bytes(3, 12, 5), 4) is meta
+    assert t.peek(5) is av
+    assert t.response(response_bytes(18, 3, 5), 5) is av
+    assert t.response(response_bytes(3, 12, 5), 6) is third
+    assert not t.pending and not t.inflight and not t.dups
+    assert UNPAIRED in t.response(response_bytes(3, 12, 5), 7).flags

@@ -64,6 +64,10 @@ REQUEST = "request"
 RESPONSE = "response"
 API_VERSIONS = 18
 MAX_TAG = (1 << 31) - 1
+#: most (direction, api key, api version) triples :meth:`RuleSet.matching` remembers
+#: beyond those a spec defines (the pairs come from request headers, which a client
+#: may fill with anything)
+_INDEX_MAX = 4096
 
 _DIRECTIONS = {"request": REQUEST, "req": REQUEST, "requests": REQUEST,
                "response": RESPONSE, "resp": RESPONSE, "responses": RESPONSE}
@@ -874,7 +878,8 @@ class RuleSet:
             return hit
         out = []
         spec = self._spec(direction, api_key) if api_key >= 0 else None
-        if spec is not None and spec.valid_versions.contains(version):
+        known = spec is not None and spec.valid_versions.contains(version)
+        if known:
             for r in self.rules:
                 if r.direction != direction or not r.versions.contains(version):
                     continue
@@ -884,7 +889,9 @@ class RuleSet:
                     continue  # unresolved (validation failed)
                 eff = r.applies.get(api_key)
                 out.append((r, eff is not None and eff.contains(version)))
-        res = self._index[key] = tuple(out)
+        res = tuple(out)
+        if known or len(self._index) < _INDEX_MAX:
+            self._index[key] = res
         return res
 
     def _target_struct(self, r: Rule, direction: str, api_key: int) -> StructSpec | None:

@@ -982,12 +982,14 @@ class Connection:
                 out.append(x)
             elif not held:
                 noted.append((x, False))
-            elif proxy.response_mutator is None:  # held for address rewriting only
-                sent = self._rewrite_held(x)
+            elif proxy.response_mutator is None and not noted and not self.tracker.dups:
+                sent = self._rewrite_held(x)  # held for address rewriting only
                 out.append(_SIZE(len(sent)))
                 out.append(sent)
                 noted.append((x, True))
-            else:  # a mutator sees the paired flow: pair what came before first
+            else:  # a mutator sees the paired flow (and the request a frame answers
+                # is known once the answers before it are paired: one of them may
+                # have its correlation id): pair what came before first
                 for f, h in noted:
                     self._response(f, h, False)
                 noted.clear()
@@ -1028,7 +1030,12 @@ class Connection:
         """Whether the response frame with correlation id ``corr`` must be held
         whole before it is sent: a mutator may replace it, or it may carry broker
         addresses to rewrite."""
-        return self.proxy.response_mutator is not None or self._to_rewrite(corr) is not None
+        if self.proxy.response_mutator is not None or self._to_rewrite(corr) is not None:
+            return True
+        # a reused correlation id: the request it answers is known only once the
+        # answers before it are paired (in _responses), so hold it until then
+        dups = self.tracker.dups
+        return bool(dups) and corr in dups
 
     def _response(self, frame: bytes, held: bool = True, change: bool = True) -> bytes:
         """Pair a response frame and hand it to the pipeline. With ``change``, a held
@@ -1085,8 +1092,10 @@ class Connection:
             tr.writelines(self._early)
             self._early = []
         if self.proxy.overloaded:
-            self.pause_upstream(HOLD_PIPELINE)
+            self.up_hold |= HOLD_PIPELINE
             self.pause_client(HOLD_PIPELINE)
+        if self.up_hold:  # paused before the transport was there (Proxy.overload while
+            tr.pause_reading()  # connecting): pause the transport itself now
         self.resume_client(HOLD_CONNECTING)
 
     def drain(self) -> None:
@@ -1252,7 +1261,10 @@ class _ClientSide(asyncio.Protocol):
             tr, _ = await asyncio.wait_for(
                 loop.create_connection(lambda: _UpstreamSide(conn), host, port),
                 self.proxy.config.connect_timeout)
-        except (OSError, asyncio.TimeoutError) as e:
+        except Exception as e:  # noqa: BLE001 - OSError, TimeoutError, and ValueError
+            # (UnicodeError) for a host name IDNA cannot encode, e.g. "a..b" or a label
+            # over 63 characters, which a broker may advertise: whatever it is, this
+            # connection ends (with its reason) instead of hanging unread
             self.proxy.stats.connection_errors += 1
             conn.close(f"cannot reach broker {host}:{port}: {e or type(e).__name__}",
                        logging.WARNING)
@@ -1297,19 +1309,24 @@ class _ClientSide(asyncio.Protocol):
                     if chk is _UNSET:
                         chk = proxy.response_check(api_key, api_version)
                     apis = conn.apis
-                    if api_key != PRODUCE:
-                        apis[corr] = chk
-                    elif corr in apis or corr in conn.tracker.pending:
-                        # the id is taken: an acks=0 Produce expects no answer, and
-                        # the tracker neither pairs one with it nor lets it hide the
-                        # earlier request of its id
-                        if conn.tracker.produce_acks(data, api_version, 4) != 0:
-                            apis[corr] = chk
-                    elif chk is not None:
-                        # (Acks is not read here: an answer to an acks=0 Produce,
-                        # which some brokers send, is told apart by the tracker
-                        # before it is decoded, in _UpstreamSide.data_received; the
-                        # entry goes at the next settle)
+                    if corr in apis or corr in conn.tracker.pending:
+                        # the id is taken by a request still waiting for its answer
+                        # (a client may reuse one): answers come in request order and
+                        # the tracker pairs each with the earliest request of its id,
+                        # so this one goes to the tracker now, where the answers are
+                        # then looked up. An acks=0 Produce expects no answer: the
+                        # tracker neither pairs one with it nor lets it hide the
+                        # earlier request of its id, which stays where it is.
+                        if api_key != PRODUCE or \
+                                conn.tracker.produce_acks(data, api_version, 4) != 0:
+                            proxy.settle()
+                    else:
+                        # (also for a Produce, whose Acks is not read here: an answer
+                        # to an acks=0 Produce, which some brokers send, is forwarded
+                        # as read when chk is None, and else told apart by the
+                        # tracker before it is decoded, in _UpstreamSide.data_received;
+                        # the entry goes at the next settle. It also marks the id as
+                        # waiting, for a later request reusing it.)
                         apis[corr] = chk
                 proxy.pipeline.kick()  # as client_data does
                 return
@@ -1406,6 +1423,8 @@ class _UpstreamSide(asyncio.Protocol):
                 if paired:
                     api = None
                     if conn.tracker.pending:
+                        if conn.tracker.dups:  # a reused id: the answers before this
+                            proxy.settle()     # one first (the tracker pairs in order)
                         flow = conn._to_rewrite(corr)
                         if flow is not None:
                             api = proxy.response_check(flow.api_key, flow.api_version)

@@ -106,7 +106,7 @@ class FlowTracker:
     """
 
     __slots__ = ("codec", "conn", "client", "upstream", "next_flow_id", "pending", "inflight",
-                 "sasl_raw", "acks0", "acks_plans")
+                 "sasl_raw", "acks0", "acks_plans", "dups")
 
     def __init__(self, codec: Codec, conn: int, client: str, upstream: str,
                  next_flow_id: Callable[[], int]):
@@ -115,8 +115,13 @@ class FlowTracker:
         self.client = client
         self.upstream = upstream
         self.next_flow_id = next_flow_id
-        #: correlation id -> flow awaiting its response
+        #: correlation id -> flow awaiting its response (the earliest, when a client
+        #: reuses an id before the answer to it came: see ``dups``)
         self.pending: dict[int, Flow] = {}
+        #: correlation id -> the later flows of that id awaiting their responses,
+        #: in request order (answers come in request order: each pairs with the
+        #: earliest request of its id)
+        self.dups: dict[int, deque[Flow]] = {}
         #: flows awaiting a response, in request order (raw SASL tokens included)
         self.inflight: deque[Flow] = deque()
         self.sasl_raw = False
@@ -156,7 +161,8 @@ class FlowTracker:
                 self.acks0.pop(next(iter(self.acks0)))
             self.acks0[corr] = flow
             return flow
-        self.pending[corr] = flow
+        if self.pending.setdefault(corr, flow) is not flow:  # the id is taken: after it
+            self.dups.setdefault(corr, deque()).append(flow)
         self.inflight.append(flow)
         return flow
 
@@ -234,6 +240,12 @@ class FlowTracker:
         else:
             corr = _I(frame, 0)[0] if len(frame) >= 4 else None
             flow = self.pending.pop(corr, None) if corr is not None else None
+            if self.dups and flow is not None:
+                later = self.dups.get(corr)
+                if later:
+                    self.pending[corr] = later.popleft()
+                    if not later:
+                        del self.dups[corr]
             if flow is None:
                 flow = self._unpaired(corr, now)
                 flow.response = frame
@@ -272,4 +284,5 @@ class FlowTracker:
             flow.flags.add(CLOSED)
         self.inflight.clear()
         self.pending.clear()
+        self.dups.clear()
         return left
