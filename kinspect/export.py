@@ -40,6 +40,9 @@ __all__ = ["MSS", "ExportStats", "export_pcapng", "write_pcapng"]
 
 #: Largest TCP payload per synthesised segment (fits one IPv4 packet).
 MSS = 65000
+#: Largest TCP payload one packet can carry: IPv4's 16-bit total length covers the
+#: 20-byte IP and 20-byte TCP headers; IPv6's payload length covers the TCP header.
+_MAX_PAYLOAD = {4: 65535 - 40, 6: 65535 - 20}
 
 _ETH_CLIENT = bytes.fromhex("020000000001")
 _ETH_BROKER = bytes.fromhex("020000000002")
@@ -143,6 +146,7 @@ class _Tcp:
         return macs + struct.pack(">H", eth_type) + ip + tcp + payload
 
     def data(self, side: str, payload: bytes, mss: int) -> list[bytes]:
+        mss = min(mss, _MAX_PAYLOAD[6 if self.v6 else 4])
         out = []
         for i in range(0, len(payload), mss):
             chunk = payload[i:i + mss]
@@ -185,14 +189,18 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
             ``~dir`` selects directions); TCP sequence numbers stay contiguous over
             the frames kept.
         sent: use the bytes forwarded (``frame_sent``) instead of those received.
-        mss: largest TCP payload per packet.
+        mss: largest TCP payload per packet (at most what one IP packet holds:
+            65495 bytes over IPv4, 65515 over IPv6).
 
     Returns:
         :class:`ExportStats`.
 
     Raises:
         OSError: ``out`` cannot be written.
+        ValueError: ``mss`` is less than 1.
     """
+    if mss < 1:
+        raise ValueError(f"mss must be at least 1 byte, not {mss}")
     ids = TopicIds().learn_all(capture.flows) if flt is not None else None
     selected = []
     for ref in capture.frames:

@@ -9,6 +9,7 @@ missing tshark fails these tests.
 from __future__ import annotations
 
 import io
+import struct
 import shutil
 import subprocess
 from pathlib import Path
@@ -162,3 +163,71 @@ def test_internet_checksum_known_value():
     buf = io.BytesIO()
     export_pcapng(load_capture(EXAMPLE, CODEC, decode=False), buf)
     assert buf.getvalue()[:4] == b"\x0a\x0d\x0d\x0a"  # pcapng section header block
+
+
+# -- synthesised captures: edge cases of the TCP framing ---------------------------------
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _b64(b: bytes) -> str:
+    import base64
+    return base64.b64encode(b).decode()
+
+
+def _frame(conn, direction, frame, ts, *, flow, client="127.0.0.1:40000",
+           upstream="127.0.0.1:9092", api_key=18, api_version=0, corr=None, flags=None):
+    rec = {"type": "frame", "ts_ns": ts, "conn": conn, "dir": direction, "client": client,
+           "upstream": upstream, "flow": flow, "api_key": api_key, "api_version": api_version,
+           "correlation_id": flow if corr is None else corr, "frame": _b64(frame)}
+    if flags:
+        rec["flags"] = flags
+    return rec
+
+
+def _conn(conn, event, ts, client="127.0.0.1:40000", upstream="127.0.0.1:9092"):
+    return {"type": "conn", "event": event, "ts_ns": ts, "conn": conn, "client": client,
+            "upstream": upstream}
+
+
+def _api_versions_req(corr: int) -> bytes:
+    # request header v1 (api key 18, version 0, correlation id, ClientId "c"), empty v0 body
+    return struct.pack(">hhih", 18, 0, corr, 1) + b"c"
+
+
+def _api_versions_resp(corr: int) -> bytes:
+    # ApiVersions v0 response: ErrorCode 0, ApiKeys [ {18, 0, 0} ]
+    return struct.pack(">ihihhh", corr, 0, 1, 18, 0, 0)
+
+
+def tcp_analysis(pcap: Path) -> list[list[str]]:
+    """Packets Wireshark's TCP sequence analysis complains about."""
+    return tshark(pcap, 9092, "frame.number", "_ws.col.Info", display="tcp.analysis.flags",
+                  extra=("-o", "tcp.analyze_sequence_numbers:TRUE"))
+
+
+@pytest.mark.parametrize("client", ["127.0.0.1:40000", "[::1]:40000"])
+def test_segments_fit_one_ip_packet_whatever_the_mss(tmp_path, client):
+    # IPv4 total length and IPv6 payload length are 16 bits: a 200 kB frame with an
+    # mss past 65495 (IPv4) / 65515 (IPv6) must still be cut into packets that fit
+    body = bytes(200_000)
+    req = _api_versions_req(7) + body
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _frame(1, "req", req, T0 + 10, flow=7, client=client, upstream=client.replace(
+                "40000", "9092")),
+            _frame(1, "resp", _api_versions_resp(7), T0 + 20, flow=7, client=client,
+                   upstream=client.replace("40000", "9092"))]
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "big.pcapng"
+    export_pcapng(cap, out, mss=100_000)
+    v6 = client.startswith("[")
+    lens = tshark(out, 9092, "ipv6.plen" if v6 else "ip.len", "tcp.len",
+                  display="tcp.dstport==9092 && tcp.len>0")
+    assert all(int(r[0]) <= 65535 for r in lens)
+    assert sum(int(r[1]) for r in lens) == 4 + len(req)
+    assert tcp_analysis(out) == []
+    rows = tshark(out, 9092, "kafka.len", "kafka.correlation_id",
+                  display="kafka && tcp.dstport==9092")
+    assert rows == [[str(len(req)), "7"]]
+    with pytest.raises(ValueError):
+        export_pcapng(cap, io.BytesIO(), mss=0)
