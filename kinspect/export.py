@@ -206,11 +206,11 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
     for ref in capture.frames:
         flow = ref.flow
         data = flow.request if ref.dir == "req" else flow.response
-        if ref.dir == "req" and not data:
-            continue
         if sent:
             alt = flow.request_sent if ref.dir == "req" else flow.response_sent
             data = alt if alt is not None else data
+        if data is None:
+            continue
         if flt is not None and not flt.matches_frame(flow, ref.dir, topic_ids=ids):
             continue
         selected.append((ref, data))

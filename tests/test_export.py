@@ -206,6 +206,32 @@ def tcp_analysis(pcap: Path) -> list[list[str]]:
                   extra=("-o", "tcp.analyze_sequence_numbers:TRUE"))
 
 
+def test_an_empty_frame_is_on_the_wire(tmp_path):
+    # SaslHandshake v0, then raw SASL tokens without a Kafka header: an empty token
+    # is a frame of size 0 (4 zero bytes) both ways
+    handshake = struct.pack(">hhih", 17, 0, 1, 1) + b"c" + struct.pack(">h", 5) + b"PLAIN"
+    answer = struct.pack(">ihih", 1, 0, 1, 5) + b"PLAIN"
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _conn(1, "open", T0),
+            _frame(1, "req", handshake, T0 + 10, flow=1, api_key=17),
+            _frame(1, "resp", answer, T0 + 20, flow=1, api_key=17),
+            _frame(1, "req", b"", T0 + 30, flow=2, api_key=-1, api_version=-1, corr=-1,
+                   flags=["sasl"]),
+            _frame(1, "resp", b"", T0 + 40, flow=2, api_key=-1, api_version=-1, corr=-1,
+                   flags=["sasl"])]
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "sasl.pcapng"
+    stats = export_pcapng(cap, out)
+    assert stats.frames == 4
+    sent = tshark(out, 9092, "tcp.payload", display="tcp.dstport==9092 && tcp.len>0")
+    got = bytes.fromhex("".join(r[0] for r in sent))
+    assert got == struct.pack(">i", len(handshake)) + handshake + b"\0\0\0\0"
+    back = tshark(out, 9092, "tcp.payload", display="tcp.srcport==9092 && tcp.len>0")
+    assert bytes.fromhex("".join(r[0] for r in back)) == (
+        struct.pack(">i", len(answer)) + answer + b"\0\0\0\0")
+    assert tcp_analysis(out) == []
+
+
 @pytest.mark.parametrize("client", ["127.0.0.1:40000", "[::1]:40000"])
 def test_segments_fit_one_ip_packet_whatever_the_mss(tmp_path, client):
     # IPv4 total length and IPv6 payload length are 16 bits: a 200 kB frame with an
