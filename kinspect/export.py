@@ -221,29 +221,37 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
     addrs = _Addresses()
     stats = ExportStats()
     conns: dict[int, _Tcp] = {}
+    last_ts: dict[int, int] = {}     # conn -> timestamp of its latest packet
     events: list[tuple[int, bytes]] = []
+    prev_ts = 0
     for i, (ref, data) in enumerate(selected):
         flow = ref.flow
         cid = flow.conn
         tcp = conns.get(cid)
         info = capture.conns.get(cid, {})
+        # a connection's packets keep their file order: a timestamp that is not known
+        # (ts_ns null) or earlier than the connection's previous one is moved up to it,
+        # else the time sort below would put a response before its request, or data
+        # before the handshake (TCP out-of-order, port reuse in Wireshark)
+        ts = ref.ts_ns or last_ts.get(cid) or info.get("open_ns") or prev_ts
         if tcp is None:
             ch, cp = _split_hostport(info.get("client") or flow.client)
             bh, bp = _split_hostport(info.get("upstream") or flow.upstream)
             tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch), cp), (addrs.resolve(bh), bp))
             stats.connections += 1
             stats.ports.add(tcp.port["b"])
-            t0 = info.get("open_ns") or ref.ts_ns
-            t0 = min(t0, ref.ts_ns)
+            t0 = min(info.get("open_ns") or ts, ts)
             events.append((t0, tcp.packet("c", _SYN)))
             events.append((t0, tcp.packet("b", _SYN | _ACK)))
             events.append((t0, tcp.packet("c", _ACK)))
+        ts = max(ts, last_ts.get(cid, 0))
+        last_ts[cid] = prev_ts = ts
         side = "c" if ref.dir == "req" else "b"
         for pkt in tcp.data(side, _SIZE(len(data)) + data, mss):
-            events.append((ref.ts_ns, pkt))
+            events.append((ts, pkt))
         stats.frames += 1
         if last_index[cid] == i and info.get("close_ns") is not None:
-            t1 = max(info["close_ns"], ref.ts_ns)
+            t1 = max(info["close_ns"], ts)
             events.append((t1, tcp.packet("c", _FIN | _ACK)))
             events.append((t1, tcp.packet("b", _FIN | _ACK)))
             events.append((t1, tcp.packet("c", _ACK)))

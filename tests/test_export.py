@@ -206,6 +206,32 @@ def tcp_analysis(pcap: Path) -> list[list[str]]:
                   extra=("-o", "tcp.analyze_sequence_numbers:TRUE"))
 
 
+def test_frames_with_unknown_or_earlier_timestamps_stay_in_connection_order(tmp_path):
+    # ts_ns null (not known) and a response stamped before its request (clocks of
+    # other tools' captures): TCP needs the connection's packets in its own order
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _conn(1, "open", T0),
+            _frame(1, "req", _api_versions_req(1), T0 + 10_000, flow=1),
+            _frame(1, "resp", _api_versions_resp(1), None, flow=1),
+            _frame(1, "req", _api_versions_req(2), T0 + 30_000, flow=2),
+            _frame(1, "resp", _api_versions_resp(2), T0 + 20_000, flow=2),
+            _conn(1, "close", T0 + 40_000)]
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "ts.pcapng"
+    export_pcapng(cap, out)
+    assert tcp_analysis(out) == []
+    rows = tshark(out, 9092, "frame.time_epoch", "tcp.dstport", "tcp.flags.syn", "tcp.flags.fin",
+                  "tcp.len", display="tcp")
+    # handshake, request 1, response 1, request 2, response 2, FIN exchange
+    to_broker = [r[1] == "9092" for r in rows]
+    assert to_broker == [True, False, True, True, False, True, False, True, False, True]
+    assert [r[2] for r in rows[:3]] == ["1", "1", "0"]
+    assert [int(r[4]) for r in rows[3:7]] == [4 + 11, 4 + 16, 4 + 11, 4 + 16]  # size prefix + frame
+    assert all(float(r[0]) >= T0 / 1e9 - 1 for r in rows), "a packet at the epoch"
+    stamps = [float(r[0]) for r in rows]
+    assert stamps == sorted(stamps)
+
+
 def test_an_empty_frame_is_on_the_wire(tmp_path):
     # SaslHandshake v0, then raw SASL tokens without a Kafka header: an empty token
     # is a frame of size 0 (4 zero bytes) both ways
