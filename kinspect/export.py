@@ -10,6 +10,12 @@ when an address is IPv6) / TCP with correct checksums; segments carry at most
 :data:`MSS` bytes. Timestamps are the capture's nanosecond ``ts_ns`` (interface
 ``if_tsresol`` = 9). The pcapng blocks are written with the python-pcapng library.
 
+Every kinspect connection is one TCP stream: a connection whose address and port
+pair an earlier one of the export already used (a client port reused, captures
+appended to each other) gets the next free client port. A connection's packets
+keep the capture's order even where its timestamps do not (``ts_ns`` null or going
+back): such a frame takes the time of the connection's previous one.
+
 Host names that are not IP literals (e.g. an upstream ``localhost:9092``) get
 addresses from 198.18.0.0/15 (the benchmarking range), recorded in a Name
 Resolution Block so Wireshark shows the name.
@@ -222,6 +228,7 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
     stats = ExportStats()
     conns: dict[int, _Tcp] = {}
     last_ts: dict[int, int] = {}     # conn -> timestamp of its latest packet
+    tuples: set[tuple] = set()       # (client addr, client port, broker addr, broker port)
     events: list[tuple[int, bytes]] = []
     prev_ts = 0
     for i, (ref, data) in enumerate(selected):
@@ -238,6 +245,12 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
             ch, cp = _split_hostport(info.get("client") or flow.client)
             bh, bp = _split_hostport(info.get("upstream") or flow.upstream)
             tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch), cp), (addrs.resolve(bh), bp))
+            # one TCP stream per kinspect connection: a 4-tuple an earlier connection
+            # of the export used (a client port reused, captures appended to each
+            # other) gets the next free client port, else Wireshark merges the two
+            while (tcp.addr["c"], tcp.port["c"], tcp.addr["b"], tcp.port["b"]) in tuples:
+                tcp.port["c"] = tcp.port["c"] % 65535 + 1
+            tuples.add((tcp.addr["c"], tcp.port["c"], tcp.addr["b"], tcp.port["b"]))
             stats.connections += 1
             stats.ports.add(tcp.port["b"])
             t0 = min(info.get("open_ns") or ts, ts)

@@ -232,6 +232,44 @@ def test_frames_with_unknown_or_earlier_timestamps_stay_in_connection_order(tmp_
     assert stamps == sorted(stamps)
 
 
+def test_every_connection_is_its_own_tcp_stream(tmp_path):
+    # two captures appended to each other (cat a.jsonl a.jsonl): the same client
+    # ports and times again, as new connections; and a client port reused later
+    recs = list(read_capture(EXAMPLE)) * 2
+    cap = flows_from_records(recs, CODEC, decode=False)
+    n = len(cap.conns)
+    out = tmp_path / "cat.pcapng"
+    stats = export_pcapng(cap, out)
+    port = upstream_port(cap)
+    assert stats.connections == n
+    rows = tshark(out, port, "tcp.stream", "kafka.correlation_id",
+                  display=f"kafka && tcp.dstport=={port}",
+                  extra=("-o", "tcp.analyze_sequence_numbers:TRUE"))
+    assert len({r[0] for r in rows}) == n
+    want = sorted((r.flow.conn, r.flow.correlation_id) for r in cap.frames if r.dir == "req")
+    streams: dict[str, list[str]] = {}
+    for s, corr in rows:
+        streams.setdefault(s, []).append(corr)
+    got = sorted(sorted(v) for v in streams.values())
+    by_conn: dict[int, list[str]] = {}
+    for c, corr in want:
+        by_conn.setdefault(c, []).append(str(corr))
+    assert got == sorted(sorted(v) for v in by_conn.values())
+    assert tshark(out, port, "frame.number", display="tcp.analysis.flags",
+                  extra=("-o", "tcp.analyze_sequence_numbers:TRUE")) == []
+
+    recs = [{"type": "session", "start_ns": T0, "part": 0}]
+    for c in (1, 2):  # the same client address and port, one connection after the other
+        t = T0 + c * 1_000_000
+        recs += [_conn(c, "open", t), _frame(c, "req", _api_versions_req(1), t + 10, flow=c),
+                 _frame(c, "resp", _api_versions_resp(1), t + 20, flow=c),
+                 _conn(c, "close", t + 30)]
+    out = tmp_path / "reuse.pcapng"
+    export_pcapng(flows_from_records(recs, CODEC, decode=False), out)
+    assert tcp_analysis(out) == []
+    assert len({r[0] for r in tshark(out, 9092, "tcp.stream", display="tcp")}) == 2
+
+
 def test_an_empty_frame_is_on_the_wire(tmp_path):
     # SaslHandshake v0, then raw SASL tokens without a Kafka header: an empty token
     # is a frame of size 0 (4 zero bytes) both ways
