@@ -22,7 +22,10 @@ Resolution Block so Wireshark shows the name.
 
 By default the bytes are the frames as received (``frame``); with ``sent=True``
 the bytes actually forwarded (``frame_sent`` where present: rewritten or mutated
-frames). Wireshark dissects Kafka on port 9092 by default; for other ports use
+frames). The first packet of a frame whose flow kinspect flagged (``redacted``,
+``unpaired``, ``rewritten``, ``mutated``, ``sasl``...) carries a packet comment
+naming the flow and its flags (the flow's: ``rewritten`` is the response's,
+``redacted-request`` the request's) (``frame.comment`` in Wireshark). Wireshark dissects Kafka on port 9092 by default; for other ports use
 ``tshark -d tcp.port==PORT,kafka`` ("Decode As").
 """
 
@@ -161,11 +164,23 @@ class _Tcp:
         return out
 
 
-def write_pcapng(fh: BinaryIO, events: list[tuple[int, bytes]],
+def _comment(flow: Any, direction: str) -> str | None:
+    """The packet comment of a frame whose flow kinspect flagged (redacted, unpaired,
+    rewritten, mutated, a raw SASL token...): Wireshark shows it with the packet
+    (``frame.comment``), so marker bytes or an undecodable answer are explained."""
+    if not flow.flags:
+        return None
+    what = "request" if direction == "req" else "response"
+    return (f"kinspect flow {flow.id} {what} ({flow.api_name} v{flow.api_version}, "
+            f"correlation id {flow.correlation_id}); flow flags: {', '.join(sorted(flow.flags))}")
+
+
+def write_pcapng(fh: BinaryIO, events: list[tuple],
                  names: dict[str, Any] | None = None) -> None:
-    """Write Ethernet packets ``(ts_ns, bytes)`` as a pcapng section (one interface,
-    nanosecond timestamps), with a Name Resolution Block for ``names``
-    (``{host name: IP address}``) when given."""
+    """Write Ethernet packets ``(ts_ns, bytes)`` or ``(ts_ns, bytes, comment)`` as a
+    pcapng section (one interface, nanosecond timestamps; a comment, when not
+    ``None``, is the packet's ``opt_comment``), with a Name Resolution Block for
+    ``names`` (``{host name: IP address}``) when given."""
     shb = blocks.SectionHeader(options={"shb_userappl": f"kinspect {__version__}"})
     shb.new_member(blocks.InterfaceDescription, link_type=1, snaplen=262144,
                    options={"if_name": "kinspect", "if_tsresol": b"\x09"})
@@ -179,10 +194,12 @@ def write_pcapng(fh: BinaryIO, events: list[tuple[int, bytes]],
             recs.append({"type": 1 if addr.version == 4 else 2, "address": str(addr),
                          "names": [name]})
         writer.write_block(shb.new_member(blocks.NameResolution, records=recs))
-    for ts, pkt in events:
+    for ts, pkt, *rest in events:
+        comment = rest[0] if rest else None
         writer.write_block(shb.new_member(
             blocks.EnhancedPacket, interface_id=0, timestamp_high=(ts >> 32) & 0xFFFFFFFF,
-            timestamp_low=ts & 0xFFFFFFFF, packet_data=pkt, packet_len=len(pkt)))
+            timestamp_low=ts & 0xFFFFFFFF, packet_data=pkt, packet_len=len(pkt),
+            options={"opt_comment": [comment]} if comment else {}))
 
 
 def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
@@ -260,8 +277,8 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
         ts = max(ts, last_ts.get(cid, 0))
         last_ts[cid] = prev_ts = ts
         side = "c" if ref.dir == "req" else "b"
-        for pkt in tcp.data(side, _SIZE(len(data)) + data, mss):
-            events.append((ts, pkt))
+        for n, pkt in enumerate(tcp.data(side, _SIZE(len(data)) + data, mss)):
+            events.append((ts, pkt, _comment(flow, ref.dir) if n == 0 else None))
         stats.frames += 1
         if last_index[cid] == i and info.get("close_ns") is not None:
             t1 = max(info["close_ns"], ts)

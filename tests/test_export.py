@@ -321,3 +321,27 @@ def test_segments_fit_one_ip_packet_whatever_the_mss(tmp_path, client):
     assert rows == [[str(len(req)), "7"]]
     with pytest.raises(ValueError):
         export_pcapng(cap, io.BytesIO(), mss=0)
+
+
+def test_flagged_frames_carry_a_packet_comment(tmp_path):
+    # a redacted SaslAuthenticate exchange and a response to no known request: the
+    # marker bytes and the undecodable answer are explained next to the packet
+    marker = b"<kinspect:redacted>"
+    auth = struct.pack(">hhih", 36, 0, 5, 1) + b"c" + struct.pack(">i", 19) + marker
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _frame(1, "req", auth, T0 + 10, flow=5, api_key=36),
+            _frame(1, "resp", _api_versions_resp(99), T0 + 20, flow=6, api_key=-1,
+                   api_version=-1, corr=99)]
+    recs[1]["redacted"] = True
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "flagged.pcapng"
+    export_pcapng(cap, out, mss=16)  # several segments: the comment goes on the first
+    rows = tshark(out, 9092, "frame.number", "frame.comment", "tcp.dstport", display="tcp.len>0")
+    comments = [(r[2] == "9092", r[1]) for r in rows if r[1]]
+    assert len(comments) == 2
+    (to_broker, c1), (from_broker, c2) = comments
+    assert to_broker and "flow 5 request" in c1 and "redacted" in c1
+    assert not from_broker and "flow 6 response" in c2 and "unpaired" in c2
+    first = {r[2] == "9092": r for r in reversed(rows)}
+    assert first[True][1] == c1 and first[False][1] == c2
+    assert all(not r[1] for r in rows if r is not first[True] and r is not first[False])
