@@ -261,7 +261,9 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
         if tcp is None:
             ch, cp = _split_hostport(info.get("client") or flow.client)
             bh, bp = _split_hostport(info.get("upstream") or flow.upstream)
-            tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch), cp), (addrs.resolve(bh), bp))
+            # a capture of another tool may name neither end: two distinct hosts still
+            tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch or "kinspect-client"), cp),
+                                    (addrs.resolve(bh or "kinspect-broker"), bp))
             # one TCP stream per kinspect connection: a 4-tuple an earlier connection
             # of the export used (a client port reused, captures appended to each
             # other) gets the next free client port, else Wireshark merges the two

@@ -345,3 +345,18 @@ def test_flagged_frames_carry_a_packet_comment(tmp_path):
     first = {r[2] == "9092": r for r in reversed(rows)}
     assert first[True][1] == c1 and first[False][1] == c2
     assert all(not r[1] for r in rows if r is not first[True] and r is not first[False])
+
+
+def test_a_capture_naming_no_addresses_gets_two_distinct_hosts(tmp_path):
+    # captures of other tools need only conn, dir and frame (kinspect.capture)
+    recs = [{"type": "frame", "conn": 1, "dir": "req", "frame": _b64(_api_versions_req(3))},
+            {"type": "frame", "conn": 1, "dir": "resp", "frame": _b64(_api_versions_resp(3))}]
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "bare.pcapng"
+    export_pcapng(cap, out)
+    rows = tshark(out, 9092, "ip.src", "ip.dst", "kafka.correlation_id", display="kafka")
+    assert len(rows) == 2 and rows[0][2] == rows[1][2] == "3"
+    assert rows[0][0] != rows[0][1] and (rows[1][0], rows[1][1]) == (rows[0][1], rows[0][0])
+    names = subprocess.run(["tshark", "-r", str(out), "-N", "n", "-T", "fields", "-e", "ip.src_host",
+                            "-e", "ip.dst_host", "-c", "1"], capture_output=True, text=True)
+    assert names.stdout.split() == ["kinspect-client", "kinspect-broker"]
