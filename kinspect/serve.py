@@ -349,7 +349,9 @@ class CaptureBroker:
         if self.advertise_host:
             return self.advertise_host
         h = self.listen[0]
-        return "127.0.0.1" if h in ("", "0.0.0.0", "::") else h
+        if h == "::":  # asyncio's IPv6 sockets are IPv6-only: 127.0.0.1 is not there
+            return "::1"
+        return "127.0.0.1" if h in ("", "0.0.0.0") else h
 
     async def start(self) -> "CaptureBroker":
         self._server = await asyncio.start_server(self._handle, self.listen[0], self.listen[1],

@@ -236,3 +236,16 @@ def test_serve_banner_prints_the_capture_name_as_it_is(recorded, tmp_path):
         out, err = _stop(proc)
     assert ready, err
     assert f"from {path} on 127.0.0.1:{port}" in out + err, out + err
+
+
+async def test_wildcard_ipv6_listener_advertises_an_address_it_accepts(recorded):
+    """Listening on ``::`` (asyncio makes it IPv6-only), the broker addresses served
+    must be reachable: a real client bootstraps on [::1] and follows them."""
+    flows = load_flows(recorded, codec())
+    async with CaptureBroker(codec(), flows, ("::", 0)) as broker:
+        host, port = broker.address
+        consumed = await roundtrip_async("kafka-python", f"[::1]:{port}", VALUES, topic=TOPIC,
+                                         group=GROUP, timeout=20)
+    assert consumed == VALUES
+    assert not [e for e in broker.served if e["tier"] in (None, "unmatched")], broker.served
+
