@@ -354,8 +354,24 @@ class CaptureBroker:
         return "127.0.0.1" if h in ("", "0.0.0.0") else h
 
     async def start(self) -> "CaptureBroker":
-        self._server = await asyncio.start_server(self._handle, self.listen[0], self.listen[1],
-                                                  reuse_address=True)
+        host, port = self.listen
+        self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
+        for _ in range(5):
+            ports = {s.getsockname()[1] for s in self._server.sockets}
+            if port or len(ports) == 1:
+                break
+            # port 0 on several addresses (the wildcard "", a name with IPv4 and IPv6
+            # addresses): each socket got its own port, and the one advertised may not
+            # be the one a client's address family reaches: all of them on one port
+            first = self._server.sockets[0].getsockname()[1]
+            self._server.close()
+            await self._server.wait_closed()
+            try:
+                self._server = await asyncio.start_server(self._handle, host, first,
+                                                          reuse_address=True)
+            except OSError:  # taken on another address meanwhile: try another port
+                self._server = await asyncio.start_server(self._handle, host, 0,
+                                                          reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("serving %d recorded responses on %s:%d", len(self.index), *self.address)
         return self
