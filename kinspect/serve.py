@@ -313,7 +313,7 @@ class CaptureBroker:
         listen: ``(host, port)``; port 0 picks a free one.
         ignore: volatile-field patterns for the "equal after ignoring" tier.
         advertise_host: host written into broker addresses (default: the listen
-            host, 127.0.0.1 for a wildcard).
+            host; 127.0.0.1 for ``0.0.0.0`` or ``""``, ``::1`` for ``::``).
         max_frame: largest request accepted, bytes.
 
     ``await start()``, ``address``, ``await close()``; ``served`` lists what each
