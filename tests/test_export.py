@@ -9,8 +9,8 @@ missing tshark fails these tests.
 from __future__ import annotations
 
 import io
-import struct
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -358,5 +358,6 @@ def test_a_capture_naming_no_addresses_gets_two_distinct_hosts(tmp_path):
     assert len(rows) == 2 and rows[0][2] == rows[1][2] == "3"
     assert rows[0][0] != rows[0][1] and (rows[1][0], rows[1][1]) == (rows[0][1], rows[0][0])
     names = subprocess.run(["tshark", "-r", str(out), "-N", "n", "-T", "fields", "-e", "ip.src_host",
-                            "-e", "ip.dst_host", "-c", "1"], capture_output=True, text=True)
+                            "-e", "ip.dst_host", "-c", "1"], capture_output=True, text=True,
+                           check=True)
     assert names.stdout.split() == ["kinspect-client", "kinspect-broker"]
