@@ -10,13 +10,22 @@ when an address is IPv6) / TCP with correct checksums; segments carry at most
 :data:`MSS` bytes. Timestamps are the capture's nanosecond ``ts_ns`` (interface
 ``if_tsresol`` = 9). The pcapng blocks are written with the python-pcapng library.
 
+Every kinspect connection is one TCP stream: a connection whose address and port
+pair an earlier one of the export already used (a client port reused, captures
+appended to each other) gets the next free client port. A connection's packets
+keep the capture's order even where its timestamps do not (``ts_ns`` null or going
+back): such a frame takes the time of the connection's previous one.
+
 Host names that are not IP literals (e.g. an upstream ``localhost:9092``) get
 addresses from 198.18.0.0/15 (the benchmarking range), recorded in a Name
 Resolution Block so Wireshark shows the name.
 
 By default the bytes are the frames as received (``frame``); with ``sent=True``
 the bytes actually forwarded (``frame_sent`` where present: rewritten or mutated
-frames). Wireshark dissects Kafka on port 9092 by default; for other ports use
+frames). The first packet of a frame whose flow kinspect flagged (``redacted``,
+``unpaired``, ``rewritten``, ``mutated``, ``sasl``...) carries a packet comment
+naming the flow and its flags (the flow's: ``rewritten`` is the response's,
+``redacted-request`` the request's) (``frame.comment`` in Wireshark). Wireshark dissects Kafka on port 9092 by default; for other ports use
 ``tshark -d tcp.port==PORT,kafka`` ("Decode As").
 """
 
@@ -40,6 +49,9 @@ __all__ = ["MSS", "ExportStats", "export_pcapng", "write_pcapng"]
 
 #: Largest TCP payload per synthesised segment (fits one IPv4 packet).
 MSS = 65000
+#: Largest TCP payload one packet can carry: IPv4's 16-bit total length covers the
+#: 20-byte IP and 20-byte TCP headers; IPv6's payload length covers the TCP header.
+_MAX_PAYLOAD = {4: 65535 - 40, 6: 65535 - 20}
 
 _ETH_CLIENT = bytes.fromhex("020000000001")
 _ETH_BROKER = bytes.fromhex("020000000002")
@@ -143,6 +155,7 @@ class _Tcp:
         return macs + struct.pack(">H", eth_type) + ip + tcp + payload
 
     def data(self, side: str, payload: bytes, mss: int) -> list[bytes]:
+        mss = min(mss, _MAX_PAYLOAD[6 if self.v6 else 4])
         out = []
         for i in range(0, len(payload), mss):
             chunk = payload[i:i + mss]
@@ -151,11 +164,23 @@ class _Tcp:
         return out
 
 
-def write_pcapng(fh: BinaryIO, events: list[tuple[int, bytes]],
+def _comment(flow: Any, direction: str) -> str | None:
+    """The packet comment of a frame whose flow kinspect flagged (redacted, unpaired,
+    rewritten, mutated, a raw SASL token...): Wireshark shows it with the packet
+    (``frame.comment``), so marker bytes or an undecodable answer are explained."""
+    if not flow.flags:
+        return None
+    what = "request" if direction == "req" else "response"
+    return (f"kinspect flow {flow.id} {what} ({flow.api_name} v{flow.api_version}, "
+            f"correlation id {flow.correlation_id}); flow flags: {', '.join(sorted(flow.flags))}")
+
+
+def write_pcapng(fh: BinaryIO, events: list[tuple],
                  names: dict[str, Any] | None = None) -> None:
-    """Write Ethernet packets ``(ts_ns, bytes)`` as a pcapng section (one interface,
-    nanosecond timestamps), with a Name Resolution Block for ``names``
-    (``{host name: IP address}``) when given."""
+    """Write Ethernet packets ``(ts_ns, bytes)`` or ``(ts_ns, bytes, comment)`` as a
+    pcapng section (one interface, nanosecond timestamps; a comment, when not
+    ``None``, is the packet's ``opt_comment``), with a Name Resolution Block for
+    ``names`` (``{host name: IP address}``) when given."""
     shb = blocks.SectionHeader(options={"shb_userappl": f"kinspect {__version__}"})
     shb.new_member(blocks.InterfaceDescription, link_type=1, snaplen=262144,
                    options={"if_name": "kinspect", "if_tsresol": b"\x09"})
@@ -169,10 +194,12 @@ def write_pcapng(fh: BinaryIO, events: list[tuple[int, bytes]],
             recs.append({"type": 1 if addr.version == 4 else 2, "address": str(addr),
                          "names": [name]})
         writer.write_block(shb.new_member(blocks.NameResolution, records=recs))
-    for ts, pkt in events:
+    for ts, pkt, *rest in events:
+        comment = rest[0] if rest else None
         writer.write_block(shb.new_member(
             blocks.EnhancedPacket, interface_id=0, timestamp_high=(ts >> 32) & 0xFFFFFFFF,
-            timestamp_low=ts & 0xFFFFFFFF, packet_data=pkt, packet_len=len(pkt)))
+            timestamp_low=ts & 0xFFFFFFFF, packet_data=pkt, packet_len=len(pkt),
+            options={"opt_comment": [comment]} if comment else {}))
 
 
 def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
@@ -185,24 +212,28 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
             ``~dir`` selects directions); TCP sequence numbers stay contiguous over
             the frames kept.
         sent: use the bytes forwarded (``frame_sent``) instead of those received.
-        mss: largest TCP payload per packet.
+        mss: largest TCP payload per packet (at most what one IP packet holds:
+            65495 bytes over IPv4, 65515 over IPv6).
 
     Returns:
         :class:`ExportStats`.
 
     Raises:
         OSError: ``out`` cannot be written.
+        ValueError: ``mss`` is less than 1.
     """
+    if mss < 1:
+        raise ValueError(f"mss must be at least 1 byte, not {mss}")
     ids = TopicIds().learn_all(capture.flows) if flt is not None else None
     selected = []
     for ref in capture.frames:
         flow = ref.flow
         data = flow.request if ref.dir == "req" else flow.response
-        if ref.dir == "req" and not data:
-            continue
         if sent:
             alt = flow.request_sent if ref.dir == "req" else flow.response_sent
             data = alt if alt is not None else data
+        if data is None:
+            continue
         if flt is not None and not flt.matches_frame(flow, ref.dir, topic_ids=ids):
             continue
         selected.append((ref, data))
@@ -213,29 +244,46 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
     addrs = _Addresses()
     stats = ExportStats()
     conns: dict[int, _Tcp] = {}
+    last_ts: dict[int, int] = {}     # conn -> timestamp of its latest packet
+    tuples: set[tuple] = set()       # (client addr, client port, broker addr, broker port)
     events: list[tuple[int, bytes]] = []
+    prev_ts = 0
     for i, (ref, data) in enumerate(selected):
         flow = ref.flow
         cid = flow.conn
         tcp = conns.get(cid)
         info = capture.conns.get(cid, {})
+        # a connection's packets keep their file order: a timestamp that is not known
+        # (ts_ns null) or earlier than the connection's previous one is moved up to it,
+        # else the time sort below would put a response before its request, or data
+        # before the handshake (TCP out-of-order, port reuse in Wireshark)
+        ts = ref.ts_ns or last_ts.get(cid) or info.get("open_ns") or prev_ts
         if tcp is None:
             ch, cp = _split_hostport(info.get("client") or flow.client)
             bh, bp = _split_hostport(info.get("upstream") or flow.upstream)
-            tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch), cp), (addrs.resolve(bh), bp))
+            # a capture of another tool may name neither end: two distinct hosts still
+            tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch or "kinspect-client"), cp),
+                                    (addrs.resolve(bh or "kinspect-broker"), bp))
+            # one TCP stream per kinspect connection: a 4-tuple an earlier connection
+            # of the export used (a client port reused, captures appended to each
+            # other) gets the next free client port, else Wireshark merges the two
+            while (tcp.addr["c"], tcp.port["c"], tcp.addr["b"], tcp.port["b"]) in tuples:
+                tcp.port["c"] = tcp.port["c"] % 65535 + 1
+            tuples.add((tcp.addr["c"], tcp.port["c"], tcp.addr["b"], tcp.port["b"]))
             stats.connections += 1
             stats.ports.add(tcp.port["b"])
-            t0 = info.get("open_ns") or ref.ts_ns
-            t0 = min(t0, ref.ts_ns)
+            t0 = min(info.get("open_ns") or ts, ts)
             events.append((t0, tcp.packet("c", _SYN)))
             events.append((t0, tcp.packet("b", _SYN | _ACK)))
             events.append((t0, tcp.packet("c", _ACK)))
+        ts = max(ts, last_ts.get(cid, 0))
+        last_ts[cid] = prev_ts = ts
         side = "c" if ref.dir == "req" else "b"
-        for pkt in tcp.data(side, _SIZE(len(data)) + data, mss):
-            events.append((ref.ts_ns, pkt))
+        for n, pkt in enumerate(tcp.data(side, _SIZE(len(data)) + data, mss)):
+            events.append((ts, pkt, _comment(flow, ref.dir) if n == 0 else None))
         stats.frames += 1
         if last_index[cid] == i and info.get("close_ns") is not None:
-            t1 = max(info["close_ns"], ref.ts_ns)
+            t1 = max(info["close_ns"], ts)
             events.append((t1, tcp.packet("c", _FIN | _ACK)))
             events.append((t1, tcp.packet("b", _FIN | _ACK)))
             events.append((t1, tcp.packet("c", _ACK)))

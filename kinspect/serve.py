@@ -313,7 +313,7 @@ class CaptureBroker:
         listen: ``(host, port)``; port 0 picks a free one.
         ignore: volatile-field patterns for the "equal after ignoring" tier.
         advertise_host: host written into broker addresses (default: the listen
-            host, 127.0.0.1 for a wildcard).
+            host; 127.0.0.1 for ``0.0.0.0`` or ``""``, ``::1`` for ``::``).
         max_frame: largest request accepted, bytes.
 
     ``await start()``, ``address``, ``await close()``; ``served`` lists what each
@@ -349,11 +349,29 @@ class CaptureBroker:
         if self.advertise_host:
             return self.advertise_host
         h = self.listen[0]
-        return "127.0.0.1" if h in ("", "0.0.0.0", "::") else h
+        if h == "::":  # asyncio's IPv6 sockets are IPv6-only: 127.0.0.1 is not there
+            return "::1"
+        return "127.0.0.1" if h in ("", "0.0.0.0") else h
 
     async def start(self) -> "CaptureBroker":
-        self._server = await asyncio.start_server(self._handle, self.listen[0], self.listen[1],
-                                                  reuse_address=True)
+        host, port = self.listen
+        self._server = await asyncio.start_server(self._handle, host, port, reuse_address=True)
+        for _ in range(5):
+            ports = {s.getsockname()[1] for s in self._server.sockets}
+            if port or len(ports) == 1:
+                break
+            # port 0 on several addresses (the wildcard "", a name with IPv4 and IPv6
+            # addresses): each socket got its own port, and the one advertised may not
+            # be the one a client's address family reaches: all of them on one port
+            first = self._server.sockets[0].getsockname()[1]
+            self._server.close()
+            await self._server.wait_closed()
+            try:
+                self._server = await asyncio.start_server(self._handle, host, first,
+                                                          reuse_address=True)
+            except OSError:  # taken on another address meanwhile: try another port
+                self._server = await asyncio.start_server(self._handle, host, 0,
+                                                          reuse_address=True)
         self.port = self._server.sockets[0].getsockname()[1]
         log.info("serving %d recorded responses on %s:%d", len(self.index), *self.address)
         return self

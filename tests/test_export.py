@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import shutil
+import struct
 import subprocess
 from pathlib import Path
 
@@ -162,3 +163,201 @@ def test_internet_checksum_known_value():
     buf = io.BytesIO()
     export_pcapng(load_capture(EXAMPLE, CODEC, decode=False), buf)
     assert buf.getvalue()[:4] == b"\x0a\x0d\x0d\x0a"  # pcapng section header block
+
+
+# -- synthesised captures: edge cases of the TCP framing ---------------------------------
+
+T0 = 1_700_000_000_000_000_000
+
+
+def _b64(b: bytes) -> str:
+    import base64
+    return base64.b64encode(b).decode()
+
+
+def _frame(conn, direction, frame, ts, *, flow, client="127.0.0.1:40000",
+           upstream="127.0.0.1:9092", api_key=18, api_version=0, corr=None, flags=None):
+    rec = {"type": "frame", "ts_ns": ts, "conn": conn, "dir": direction, "client": client,
+           "upstream": upstream, "flow": flow, "api_key": api_key, "api_version": api_version,
+           "correlation_id": flow if corr is None else corr, "frame": _b64(frame)}
+    if flags:
+        rec["flags"] = flags
+    return rec
+
+
+def _conn(conn, event, ts, client="127.0.0.1:40000", upstream="127.0.0.1:9092"):
+    return {"type": "conn", "event": event, "ts_ns": ts, "conn": conn, "client": client,
+            "upstream": upstream}
+
+
+def _api_versions_req(corr: int) -> bytes:
+    # request header v1 (api key 18, version 0, correlation id, ClientId "c"), empty v0 body
+    return struct.pack(">hhih", 18, 0, corr, 1) + b"c"
+
+
+def _api_versions_resp(corr: int) -> bytes:
+    # ApiVersions v0 response: ErrorCode 0, ApiKeys [ {18, 0, 0} ]
+    return struct.pack(">ihihhh", corr, 0, 1, 18, 0, 0)
+
+
+def tcp_analysis(pcap: Path) -> list[list[str]]:
+    """Packets Wireshark's TCP sequence analysis complains about."""
+    return tshark(pcap, 9092, "frame.number", "_ws.col.Info", display="tcp.analysis.flags",
+                  extra=("-o", "tcp.analyze_sequence_numbers:TRUE"))
+
+
+def test_frames_with_unknown_or_earlier_timestamps_stay_in_connection_order(tmp_path):
+    # ts_ns null (not known) and a response stamped before its request (clocks of
+    # other tools' captures): TCP needs the connection's packets in its own order
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _conn(1, "open", T0),
+            _frame(1, "req", _api_versions_req(1), T0 + 10_000, flow=1),
+            _frame(1, "resp", _api_versions_resp(1), None, flow=1),
+            _frame(1, "req", _api_versions_req(2), T0 + 30_000, flow=2),
+            _frame(1, "resp", _api_versions_resp(2), T0 + 20_000, flow=2),
+            _conn(1, "close", T0 + 40_000)]
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "ts.pcapng"
+    export_pcapng(cap, out)
+    assert tcp_analysis(out) == []
+    rows = tshark(out, 9092, "frame.time_epoch", "tcp.dstport", "tcp.flags.syn", "tcp.flags.fin",
+                  "tcp.len", display="tcp")
+    # handshake, request 1, response 1, request 2, response 2, FIN exchange
+    to_broker = [r[1] == "9092" for r in rows]
+    assert to_broker == [True, False, True, True, False, True, False, True, False, True]
+    assert [r[2] for r in rows[:3]] == ["1", "1", "0"]
+    assert [int(r[4]) for r in rows[3:7]] == [4 + 11, 4 + 16, 4 + 11, 4 + 16]  # size prefix + frame
+    assert all(float(r[0]) >= T0 / 1e9 - 1 for r in rows), "a packet at the epoch"
+    stamps = [float(r[0]) for r in rows]
+    assert stamps == sorted(stamps)
+
+
+def test_every_connection_is_its_own_tcp_stream(tmp_path):
+    # two captures appended to each other (cat a.jsonl a.jsonl): the same client
+    # ports and times again, as new connections; and a client port reused later
+    recs = list(read_capture(EXAMPLE)) * 2
+    cap = flows_from_records(recs, CODEC, decode=False)
+    n = len(cap.conns)
+    out = tmp_path / "cat.pcapng"
+    stats = export_pcapng(cap, out)
+    port = upstream_port(cap)
+    assert stats.connections == n
+    rows = tshark(out, port, "tcp.stream", "kafka.correlation_id",
+                  display=f"kafka && tcp.dstport=={port}",
+                  extra=("-o", "tcp.analyze_sequence_numbers:TRUE"))
+    assert len({r[0] for r in rows}) == n
+    want = sorted((r.flow.conn, r.flow.correlation_id) for r in cap.frames if r.dir == "req")
+    streams: dict[str, list[str]] = {}
+    for s, corr in rows:
+        streams.setdefault(s, []).append(corr)
+    got = sorted(sorted(v) for v in streams.values())
+    by_conn: dict[int, list[str]] = {}
+    for c, corr in want:
+        by_conn.setdefault(c, []).append(str(corr))
+    assert got == sorted(sorted(v) for v in by_conn.values())
+    assert tshark(out, port, "frame.number", display="tcp.analysis.flags",
+                  extra=("-o", "tcp.analyze_sequence_numbers:TRUE")) == []
+
+    recs = [{"type": "session", "start_ns": T0, "part": 0}]
+    for c in (1, 2):  # the same client address and port, one connection after the other
+        t = T0 + c * 1_000_000
+        recs += [_conn(c, "open", t), _frame(c, "req", _api_versions_req(1), t + 10, flow=c),
+                 _frame(c, "resp", _api_versions_resp(1), t + 20, flow=c),
+                 _conn(c, "close", t + 30)]
+    out = tmp_path / "reuse.pcapng"
+    export_pcapng(flows_from_records(recs, CODEC, decode=False), out)
+    assert tcp_analysis(out) == []
+    assert len({r[0] for r in tshark(out, 9092, "tcp.stream", display="tcp")}) == 2
+
+
+def test_an_empty_frame_is_on_the_wire(tmp_path):
+    # SaslHandshake v0, then raw SASL tokens without a Kafka header: an empty token
+    # is a frame of size 0 (4 zero bytes) both ways
+    handshake = struct.pack(">hhih", 17, 0, 1, 1) + b"c" + struct.pack(">h", 5) + b"PLAIN"
+    answer = struct.pack(">ihih", 1, 0, 1, 5) + b"PLAIN"
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _conn(1, "open", T0),
+            _frame(1, "req", handshake, T0 + 10, flow=1, api_key=17),
+            _frame(1, "resp", answer, T0 + 20, flow=1, api_key=17),
+            _frame(1, "req", b"", T0 + 30, flow=2, api_key=-1, api_version=-1, corr=-1,
+                   flags=["sasl"]),
+            _frame(1, "resp", b"", T0 + 40, flow=2, api_key=-1, api_version=-1, corr=-1,
+                   flags=["sasl"])]
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "sasl.pcapng"
+    stats = export_pcapng(cap, out)
+    assert stats.frames == 4
+    sent = tshark(out, 9092, "tcp.payload", display="tcp.dstport==9092 && tcp.len>0")
+    got = bytes.fromhex("".join(r[0] for r in sent))
+    assert got == struct.pack(">i", len(handshake)) + handshake + b"\0\0\0\0"
+    back = tshark(out, 9092, "tcp.payload", display="tcp.srcport==9092 && tcp.len>0")
+    assert bytes.fromhex("".join(r[0] for r in back)) == (
+        struct.pack(">i", len(answer)) + answer + b"\0\0\0\0")
+    assert tcp_analysis(out) == []
+
+
+@pytest.mark.parametrize("client", ["127.0.0.1:40000", "[::1]:40000"])
+def test_segments_fit_one_ip_packet_whatever_the_mss(tmp_path, client):
+    # IPv4 total length and IPv6 payload length are 16 bits: a 200 kB frame with an
+    # mss past 65495 (IPv4) / 65515 (IPv6) must still be cut into packets that fit
+    body = bytes(200_000)
+    req = _api_versions_req(7) + body
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _frame(1, "req", req, T0 + 10, flow=7, client=client, upstream=client.replace(
+                "40000", "9092")),
+            _frame(1, "resp", _api_versions_resp(7), T0 + 20, flow=7, client=client,
+                   upstream=client.replace("40000", "9092"))]
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "big.pcapng"
+    export_pcapng(cap, out, mss=100_000)
+    v6 = client.startswith("[")
+    lens = tshark(out, 9092, "ipv6.plen" if v6 else "ip.len", "tcp.len",
+                  display="tcp.dstport==9092 && tcp.len>0")
+    assert all(int(r[0]) <= 65535 for r in lens)
+    assert sum(int(r[1]) for r in lens) == 4 + len(req)
+    assert tcp_analysis(out) == []
+    rows = tshark(out, 9092, "kafka.len", "kafka.correlation_id",
+                  display="kafka && tcp.dstport==9092")
+    assert rows == [[str(len(req)), "7"]]
+    with pytest.raises(ValueError):
+        export_pcapng(cap, io.BytesIO(), mss=0)
+
+
+def test_flagged_frames_carry_a_packet_comment(tmp_path):
+    # a redacted SaslAuthenticate exchange and a response to no known request: the
+    # marker bytes and the undecodable answer are explained next to the packet
+    marker = b"<kinspect:redacted>"
+    auth = struct.pack(">hhih", 36, 0, 5, 1) + b"c" + struct.pack(">i", 19) + marker
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _frame(1, "req", auth, T0 + 10, flow=5, api_key=36),
+            _frame(1, "resp", _api_versions_resp(99), T0 + 20, flow=6, api_key=-1,
+                   api_version=-1, corr=99)]
+    recs[1]["redacted"] = True
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "flagged.pcapng"
+    export_pcapng(cap, out, mss=16)  # several segments: the comment goes on the first
+    rows = tshark(out, 9092, "frame.number", "frame.comment", "tcp.dstport", display="tcp.len>0")
+    comments = [(r[2] == "9092", r[1]) for r in rows if r[1]]
+    assert len(comments) == 2
+    (to_broker, c1), (from_broker, c2) = comments
+    assert to_broker and "flow 5 request" in c1 and "redacted" in c1
+    assert not from_broker and "flow 6 response" in c2 and "unpaired" in c2
+    first = {r[2] == "9092": r for r in reversed(rows)}
+    assert first[True][1] == c1 and first[False][1] == c2
+    assert all(not r[1] for r in rows if r is not first[True] and r is not first[False])
+
+
+def test_a_capture_naming_no_addresses_gets_two_distinct_hosts(tmp_path):
+    # captures of other tools need only conn, dir and frame (kinspect.capture)
+    recs = [{"type": "frame", "conn": 1, "dir": "req", "frame": _b64(_api_versions_req(3))},
+            {"type": "frame", "conn": 1, "dir": "resp", "frame": _b64(_api_versions_resp(3))}]
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "bare.pcapng"
+    export_pcapng(cap, out)
+    rows = tshark(out, 9092, "ip.src", "ip.dst", "kafka.correlation_id", display="kafka")
+    assert len(rows) == 2 and rows[0][2] == rows[1][2] == "3"
+    assert rows[0][0] != rows[0][1] and (rows[1][0], rows[1][1]) == (rows[0][1], rows[0][0])
+    names = subprocess.run(["tshark", "-r", str(out), "-N", "n", "-T", "fields", "-e", "ip.src_host",
+                            "-e", "ip.dst_host", "-c", "1"], capture_output=True, text=True,
+                           check=True)
+    assert names.stdout.split() == ["kinspect-client", "kinspect-broker"]

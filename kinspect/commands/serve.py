@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--listen", default=("127.0.0.1", 9092), metavar="HOST:PORT", type=hostport,
                    help="address to listen on (default 127.0.0.1:9092; port 0 = any free port)")
     p.add_argument("--advertise-host", metavar="HOST",
-                   help="host written into broker addresses (default: the listen host)")
+                   help="host written into broker addresses (default: the listen host; "
+                        "127.0.0.1 for 0.0.0.0, ::1 for ::)")
     p.add_argument("--ignore", action="extend", nargs="+", default=[], metavar="FIELD",
                    help="more volatile fields for request matching (see kinspect replay)")
     add_spec_options(p)
