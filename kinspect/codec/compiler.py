@@ -738,14 +738,13 @@ class _Unit:
     # -- encode -------------------------------------------------------------------
     def gen_encode(self, st: StructSpec) -> None:
         self.emit(0, f"def {self.fn('e', st)}(o, out{self.targ()}):")
-        if not self.encode_body(st, 1, "o"):
-            self.emit(1, "pass")
+        self.encode_body(st, 1, "o")
         self.emit(0, "")
 
-    def encode_body(self, st: StructSpec, ind: int, o: str) -> bool:
-        """Code that appends the encoding of struct ``o`` to ``out`` (always emits
-        some: at least the tag section or the check that no tags were set); returns
-        True."""
+    def encode_body(self, st: StructSpec, ind: int, o: str) -> None:
+        """Code that appends the encoding of struct ``o`` to ``out``. It always emits
+        at least one statement (the tag section, or the check that no tags were set),
+        so it can be the whole body of a block."""
         v = self.version
         fields = st.fields
         i = 0
@@ -782,7 +781,6 @@ class _Unit:
             self.emit(ind, f"if {o}._unknown:")
             self.emit(ind + 1, f"raise _EE('tagged fields %s were set, but version {self.version} "
                                f"does not support tagged fields' % sorted({o}._unknown))")
-        return True
 
     def check_absent(self, ind: int, f: FieldSpec, o: str = "o") -> bool:
         if f.ignorable:
@@ -910,8 +908,7 @@ class _Unit:
                 else:
                     y = self.tmp("y")
                     self.emit(ind + 1, f"for {y} in {x}:")
-                    if not self.encode_body(f.struct, ind + 2, y):
-                        self.emit(ind + 2, "pass")
+                    self.encode_body(f.struct, ind + 2, y)
             elif et in FIXED and et != "uuid":
                 code = _ecode(et)
                 if self.traced and et in INT_RANGES:
@@ -937,8 +934,8 @@ class _Unit:
                                     f"type({x}).__name__)")
             if self.traced:
                 self.emit(ind2, f"{sub}({x}, out, T)")
-            elif not self.encode_body(f.struct, ind2, x):
-                self.emit(ind2, "pass")
+            else:
+                self.encode_body(f.struct, ind2, x)
         else:
             self.write_prim(ind, f.type, x, compact, nullable, f)
         if self.traced and not in_tag:
