@@ -137,15 +137,19 @@ def test_versions_outside_valid_versions_are_rejected():
 
 def test_field_level_flexible_versions_override_the_message():
     """A string with ``"flexibleVersions": "none"`` keeps its int16 length in a
-    flexible version (RequestHeader ClientId, KIP-482)."""
-    c = inline({"name": "F", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+    flexible version (RequestHeader ClientId, KIP-482); an override narrower than the
+    message's flexible versions keeps the old form until it starts. (One wider than
+    the message's is refused, as Kafka's generator refuses it.)"""
+    c = inline({"name": "F", "type": "data", "validVersions": "0-2", "flexibleVersions": "1+",
                 "fields": [
                     {"name": "A", "type": "string", "versions": "0+", "flexibleVersions": "none"},
-                    {"name": "B", "type": "bytes", "versions": "0+", "flexibleVersions": "0+"}]})
+                    {"name": "B", "type": "bytes", "versions": "0+", "flexibleVersions": "2+"}]})
     v = c.cls(A="ab", B=b"\x07")
-    assert c.encode(v, 0) == h("00 02 61 62 | 02 07")
-    assert c.encode(v, 1) == h("00 02 61 62 | 02 07 | 00")
-    assert c.decode(h("00 02 61 62 | 02 07 | 00"), 1) == v
+    assert c.encode(v, 0) == h("00 02 61 62 | 00 00 00 01 07")
+    assert c.encode(v, 1) == h("00 02 61 62 | 00 00 00 01 07 | 00")
+    assert c.encode(v, 2) == h("00 02 61 62 | 02 07 | 00")
+    for version in (1, 2):
+        assert c.decode(c.encode(v, version), version) == v
 
 
 def test_request_header_client_id_is_a_non_compact_nullable_string():

@@ -354,6 +354,17 @@ class _Context:
             if ftype not in ("string", "bytes"):
                 raise self.err("a field-level flexibleVersions is only allowed on string or "
                                "bytes fields", path)
+            # Kafka's generator (MessageDataGenerator.fieldFlexibleVersions) refuses an
+            # override that is not within the message's flexibleVersions
+            if not self.flexible.is_superset_of(flex_override):
+                raise self.err(f"flexibleVersions {flex_override} are not a subset of the "
+                               f"message's flexibleVersions {self.flexible}", path)
+            # A tagged field is always written in the compact form whatever its own
+            # flexibleVersions say (Kafka's generated writers write the length as an
+            # unsigned varint for every tagged string and bytes field); kinspect reads
+            # it the same way. (Kafka's generated readers would read such a field by
+            # its flexibleVersions, so a tagged field with "none" cannot round-trip
+            # through Kafka's own code; no Kafka spec has one.)
 
         f = FieldSpec(
             name=name, type=ftype, versions=versions, nullable_versions=nullable,
