@@ -23,6 +23,95 @@ from codec_util import h, inline
 from kinspect.codec import DecodeError, EncodeError, SpecError
 
 # ---------------------------------------------------------------------------
+# invalid UTF-8
+
+STRS = {
+    "name": "StrsData", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+    "fields": [
+        {"name": "S", "type": "string", "versions": "0+"},
+        {"name": "N", "type": "string", "versions": "0+", "nullableVersions": "0+"},
+        {"name": "L", "type": "[]string", "versions": "0+"},
+        {"name": "T", "type": "string", "versions": "1+", "taggedVersions": "1+", "tag": 0},
+    ],
+}
+
+BAD = [b"\xff", b"a\xc3(b", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe2\x82", b"ok\x80"]
+
+
+def _strs_wire(version: int, raw: bytes) -> bytes:
+    n = len(raw)
+    if version == 0:  # int16 lengths, int32 count
+        s = bytes([0, n]) + raw
+        return s + s + bytes([0, 0, 0, 1]) + s
+    s = bytes([n + 1]) + raw  # compact lengths, then the tag section with tag 0
+    return s + s + bytes([2]) + s + bytes([1, 0, n + 1]) + s
+
+
+@pytest.mark.parametrize("raw", BAD)
+@pytest.mark.parametrize("version", [0, 1])
+def test_invalid_utf8_decodes_and_encodes_back_to_the_same_bytes(version, raw):
+    """Kafka takes such strings (as U+FFFD); kinspect decodes them too, keeping each
+    invalid byte as a lone surrogate, and writes back exactly the bytes it read."""
+    from kinspect.codec.values import java_string
+
+    c = inline(STRS)
+    wire = _strs_wire(version, raw)
+    m = c.decode(wire, version)
+    values = [m.S, m.N, m.L[0]] + ([m.T] if version else [])
+    for v in values:
+        assert v.encode("utf-8", "surrogateescape") == raw
+        assert java_string(v) == raw.decode("utf-8", "replace")  # what Java shows
+    assert c.encode(m, version) == wire
+    assert c.peek_field(wire, version, 0, "N") == m.N
+    assert c.top_level_tags(wire, version) == (frozenset({0}) if version else frozenset())
+
+
+def test_invalid_utf8_survives_to_dict_json_and_from_dict():
+    c = inline(STRS)
+    wire = _strs_wire(1, b"a\xffb")
+    m = c.decode(wire, 1)
+    text = json.dumps(m.to_dict())  # escaped as \udcff, no UnicodeEncodeError
+    assert "\\udcff" in text
+    back = c.cls.from_dict(json.loads(text))
+    assert back == m and c.encode(back, 1) == wire
+
+
+def test_a_lone_surrogate_that_no_byte_escapes_is_an_encode_error():
+    c = inline(STRS)
+    with pytest.raises(EncodeError) as ei:
+        c.encode(c.cls(S="\ud800"), 0)
+    assert ei.value.path == "StrsData.S"
+
+
+def test_strings_are_still_at_most_32767_bytes_with_invalid_utf8():
+    c = inline(STRS)
+    c.encode(c.cls(S="\udcff" * 32767), 0)
+    with pytest.raises(EncodeError, match="32767"):
+        c.encode(c.cls(S="\udcff" * 32768), 0)
+
+
+def test_request_with_invalid_utf8_client_id_decodes_and_renders(tmp_path):
+    """A request whose ClientId is not UTF-8 (brokers accept it) decodes, renders
+    in the tree and JSON views and re-encodes byte for byte."""
+    from kinspect.codec import Codec
+    from kinspect.commands.decode import _tree, message_to_dict
+    from rich.console import Console
+
+    codec = Codec()
+    body = codec.registry.codec("ApiVersionsRequest").encode(
+        codec.registry.codec("ApiVersionsRequest").cls(), 0)
+    frame = h("00 12 00 00 00 00 00 07 00 03") + b"k\xffs" + body
+    msg = codec.decode_request(frame)
+    assert msg.client_id == "k\udcffs"
+    assert json.loads(json.dumps(message_to_dict(msg)))["header"]["ClientId"] == "k\udcffs"
+    out = tmp_path / "tree.txt"
+    with open(out, "w", encoding="utf-8") as fh:
+        Console(file=fh, width=120).print(_tree(msg))
+    assert "ClientId" in out.read_text(encoding="utf-8")
+    assert codec.encode_request(msg) == frame
+
+
+# ---------------------------------------------------------------------------
 # tagged strings and bytes are compact, whatever the field's flexibleVersions
 
 

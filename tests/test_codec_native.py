@@ -508,15 +508,23 @@ def test_counts_the_bytes_do_not_back_allocate_nothing():
 
 
 @needs_native
-def test_bad_utf8_and_bad_markers_are_declined_and_reported_precisely():
+def test_bad_utf8_decodes_alike_and_bad_lengths_are_reported_precisely():
+    """Invalid UTF-8 decodes in both decoders (lone surrogates, as Kafka's reader
+    takes such a string rather than failing); a non-nullable string's null is
+    declined by the C path and reported precisely."""
     codec = inline(EDGE)
     raw = bytearray(codec.encode(codec.cls(S="abc"), 0))
     i = raw.index(b"abc")
     raw[i] = 0xff
+    assert agree(codec, bytes(raw), 0)
+    assert codec.decode(bytes(raw), 0).S == "\udcffbc"
+    raw = bytearray(codec.encode(codec.cls(NoFlex="abc"), 0))
+    i = raw.index(b"\x00\x03abc")
+    raw[i:i + 2] = b"\xff\xff"
     assert not agree(codec, bytes(raw), 0)
     with pytest.raises(DecodeError) as e:
         codec.decode(bytes(raw), 0)
-    assert e.value.path and e.value.path.endswith("S") and e.value.offset is not None
+    assert e.value.path and e.value.path.endswith("NoFlex") and e.value.offset == i
 
 
 @needs_native

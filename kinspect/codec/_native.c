@@ -14,7 +14,7 @@
  *
  * Contract with the Python side: decode() returns (value, end_offset) when the
  * bytes decode, and None when they do not (truncated, lengths or counts past the
- * end, negative lengths in non-nullable fields, invalid UTF-8, over-long varints, values
+ * end, negative lengths in non-nullable fields, over-long varints, values
  * out of range, too deep). It never reads outside buf[pos:end], checks every count
  * against the bytes left before allocating for it, and grows lists of structs or
  * strings as their elements are read. On None the caller runs the
@@ -62,7 +62,7 @@ static const int FIXED_SIZE[] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 16, 0, 0};
 
 /* Bumped whenever the module's behaviour or interface changes: kinspect.codec.native
  * refuses a stale build (an editable install keeps the old .so until rebuilt). */
-#define NATIVE_ABI 6
+#define NATIVE_ABI 7
 
 typedef struct Program Program;
 
@@ -235,10 +235,9 @@ rd_strbytes(Ctx *c, int is_str, int compact, int nullable)
     const char *p = (const char *)c->buf + c->pos;
     c->pos += (Py_ssize_t)n;
     if (is_str) {
-        PyObject *s = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, NULL);
-        if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-            PyErr_Clear();
-        return s;
+        /* invalid UTF-8 is kept as lone surrogates, as the Python decoders keep it
+         * (Kafka's readString replaces it with U+FFFD rather than failing) */
+        return PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, "surrogateescape");
     }
     return PyBytes_FromStringAndSize(p, (Py_ssize_t)n);
 }

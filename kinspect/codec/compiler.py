@@ -25,6 +25,11 @@ Wire formats follow the Kafka protocol guide and KIP-482 (tagged fields, compact
 types, unsigned varints), KIP-893 (nullable structs) and the proposed per-field
 ``encoding`` property (fixedN / packedN zig-zag varint / upackedN unsigned varint).
 Booleans decode as ``byte != 0`` (as Kafka reads them) and are written as 0/1.
+Strings are decoded from UTF-8 with the ``surrogateescape`` error handler and encoded
+with it: Kafka reads them with ``new String(bytes, UTF_8)`` (``Readable.readString``),
+which replaces invalid UTF-8 with U+FFFD rather than failing, so brokers accept such
+frames; kinspect decodes them too, and keeps each invalid byte as a lone surrogate
+(U+DC80..U+DCFF) so that the value encodes back to exactly the bytes it came from.
 Nulls are read as Kafka's generated readers read them: any negative length of a
 nullable string, bytes, records or array; a nullable struct's int8 marker when
 negative (present otherwise, not only for 1), a tagged one's unsigned varint marker
@@ -730,7 +735,7 @@ class _Unit:
         self.emit(ind + 2, f"raise _DE('{t} length %d exceeds the %d bytes left' % "
                            f"({n}, end - pos), '{kind} data')")
         if t == "string":
-            self.emit(ind + 1, f"{target} = buf[pos:{e}].decode()")
+            self.emit(ind + 1, f"{target} = buf[pos:{e}].decode('utf-8', 'surrogateescape')")
         else:
             self.emit(ind + 1, f"{target} = buf[pos:{e}]")
         self.emit(ind + 1, f"pos = {e}")
@@ -978,7 +983,7 @@ class _Unit:
             if self.traced:
                 self.emit(ind + 1, f"if not _isinst({x}, str):")
                 self.emit(ind + 2, f"raise _EE('expected a string, got %s' % type({x}).__name__)")
-            self.emit(ind + 1, f"{b} = {x}.encode()")
+            self.emit(ind + 1, f"{b} = {x}.encode('utf-8', 'surrogateescape')")
         else:
             if self.traced:
                 self.emit(ind + 1, f"if not _isinst({x}, (bytes, bytearray, memoryview)):")

@@ -408,16 +408,16 @@ class MessageCodec:
         fields before it are skipped, which must be fixed-width, strings or bytes.
 
         Used on the forwarding path (e.g. Produce ``Acks``). Fields before it are
-        checked as far as skipping needs (lengths, nulls), not decoded: a string
-        skipped over is not checked for UTF-8.
+        checked as far as skipping needs (lengths, nulls), not decoded.
 
         Returns:
             the field's value, typed as a decode gives it (``None`` for a null).
         Raises:
             DecodeError: truncated or malformed input on the way to the field or in
-                it (invalid UTF-8 in the field itself, a null in a non-nullable
-                field), with its offset and path; KeyError: no such field in
-                ``version``.
+                it (a null in a non-nullable field, a string longer than 32767 bytes),
+                with its offset and path; KeyError: no such field in ``version``.
+                Invalid UTF-8 is not an error (it is kept as lone surrogates, as
+                :meth:`decode` keeps it).
         """
         flexible = self.spec.is_flexible(version)
         for f in self.spec.fields:
@@ -472,12 +472,8 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int,
             if not want:
                 return None, pos + n
             raw = buf[pos:pos + n]
-            if f.type == "string":
-                try:
-                    return str(raw, "utf-8"), pos + n
-                except UnicodeDecodeError as e:
-                    raise DecodeError(f"invalid UTF-8: {e.reason}", offset=start,
-                                      expected=f.type, path=f.name) from None
+            if f.type == "string":  # invalid UTF-8 kept as lone surrogates, as decode does
+                return str(raw, "utf-8", "surrogateescape"), pos + n
             return bytes(raw), pos + n
     except _struct_error:
         raise DecodeError("truncated", offset=start, expected=f.type, path=f.name) from None

@@ -163,6 +163,25 @@ def _present_tags(cls: type, val: Any) -> frozenset[int] | None:
     return frozenset(val) or None
 
 
+def java_string(s: str | None) -> str | None:
+    """The string Kafka's Java reader makes of the bytes ``s`` was decoded from.
+
+    kinspect decodes strings with the ``surrogateescape`` error handler (invalid UTF-8
+    becomes lone surrogates U+DC80..U+DCFF, so the value encodes back to the same
+    bytes); Java's ``new String(bytes, UTF_8)`` replaces it with U+FFFD instead. Use
+    this where a decoded string leaves kinspect for something that needs valid
+    Unicode (Arrow/Parquet columns, strict UTF-8 writers); the value itself is
+    returned when it has no lone surrogates.
+    """
+    if s is None or s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def copy_value(v: Any) -> Any:
     """A deep copy of a field value: structs and lists are copied, the rest is
     immutable and shared."""
