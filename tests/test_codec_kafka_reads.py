@@ -112,6 +112,79 @@ def test_request_with_invalid_utf8_client_id_decodes_and_renders(tmp_path):
 
 
 # ---------------------------------------------------------------------------
+# compact lengths of 2^31 and more
+
+
+def _field(ftype, nullable):
+    elems = {"fields": [{"name": "V", "type": "int8", "versions": "0+"}]} if ftype == "[]E" else {}
+    return inline({"name": "X", "type": "data", "validVersions": "0", "flexibleVersions": "0+",
+                   "fields": [{"name": "F", "type": ftype, "versions": "0+", **elems,
+                               **({"nullableVersions": "0+"} if nullable else {})},
+                              {"name": "G", "type": "int8", "versions": "0+"}]})
+
+
+# readUnsignedVarint() of these is a negative Java int, so length = that - 1 < 0
+NEGATIVE = ["81 80 80 80 08", "ff ff ff ff 0f", "80 80 80 80 0c"]
+TYPES = ["string", "bytes", "records", "[]int32", "[]string", "[]E"]
+
+
+@pytest.mark.parametrize("ftype", TYPES)
+@pytest.mark.parametrize("prefix", NEGATIVE)
+def test_compact_length_from_2_31_up_is_null_in_nullable_fields(ftype, prefix):
+    c = _field(ftype, True)
+    wire = h(prefix) + h("07 00")
+    m = c.decode(wire, 0)
+    assert m.F is None and m.G == 7
+    assert c.top_level_tags(wire, 0) == frozenset()
+    if ftype in ("string", "bytes", "records"):
+        assert c.peek_field(wire, 0, 0, "G") == 7
+        assert c.peek_field(wire, 0, 0, "F") is None
+
+
+@pytest.mark.parametrize("ftype", TYPES)
+@pytest.mark.parametrize("prefix", NEGATIVE)
+def test_compact_length_from_2_31_up_is_an_error_in_non_nullable_fields(ftype, prefix):
+    c = _field(ftype, False)
+    wire = h(prefix) + h("07 00")
+    with pytest.raises(DecodeError) as ei:
+        c.decode(wire, 0)
+    assert "non-nullable" in ei.value.reason and ei.value.path == "F"
+    with pytest.raises(DecodeError):
+        c.top_level_tags(wire, 0)
+
+
+@pytest.mark.parametrize("ftype", TYPES)
+@pytest.mark.parametrize("nullable", [False, True])
+def test_compact_length_of_exactly_2_31_is_a_huge_length(ftype, nullable):
+    """Integer.MIN_VALUE - 1 wraps to Integer.MAX_VALUE in Java: not null, a length
+    no frame holds."""
+    c = _field(ftype, nullable)
+    wire = h("80 80 80 80 08 07 00")
+    with pytest.raises(DecodeError) as ei:
+        c.decode(wire, 0)
+    assert ei.value.path == "F" and "non-nullable" not in ei.value.reason
+    with pytest.raises(DecodeError):
+        c.top_level_tags(wire, 0)
+
+
+def test_produce_acks_skip_reads_a_huge_compact_transactional_id_as_null():
+    """The proxy's Produce ``Acks`` skip plan walks the nullable compact
+    TransactionalId as Kafka reads it."""
+    import struct
+
+    from kinspect.codec import Codec
+    from kinspect.proxy.tracker import _skip, _skip_plan
+
+    codec = Codec()
+    spec = codec.registry.request(0)
+    plan = _skip_plan(spec, 9, "Acks")
+    buf = h("81 80 80 80 08") + struct.pack(">h", -1)
+    pos = _skip(tuple(plan), buf)
+    assert pos == 5 and struct.unpack_from(">h", buf, pos)[0] == -1
+    assert codec.registry.codec(spec).peek_field(buf + bytes(20), 9, 0, "Acks") == -1
+
+
+# ---------------------------------------------------------------------------
 # tagged strings and bytes are compact, whatever the field's flexibleVersions
 
 

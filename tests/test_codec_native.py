@@ -471,9 +471,10 @@ def test_present_default_tags_are_marked_like_the_python_decoder():
 def test_huge_counts_are_declined_before_allocating():
     codec = REG.codec("MetadataResponse")
     for version in (1, 12):
-        # Brokers count claims 2**31-1 / 2**32-2 elements in a tiny buffer
+        # Brokers count claims 2**31-1 elements in a tiny buffer (compact: uvarint
+        # 2**31, Integer.MIN_VALUE - 1 in Java's int arithmetic)
         body = (struct.pack(">i", 0) if version >= 3 else b"") + (
-            b"\xff\xff\xff\xff\x0f" if version >= 9 else b"\x7f\xff\xff\xff") + b"\x00" * 8
+            b"\x80\x80\x80\x80\x08" if version >= 9 else b"\x7f\xff\xff\xff") + b"\x00" * 8
         codec.compiled(version)  # compiled before measuring
         tracemalloc.start()
         try:

@@ -79,7 +79,10 @@ def _one_field(ftype, flexible=False, nullable=False):
     ("string", False, "7f ff 61 62", "exceeds"),
     ("string", True, "ff 7f 61", "exceeds"),
     ("bytes", False, "7f ff ff ff 00", "exceeds"),
-    ("records", True, "ff ff ff ff 0f", "exceeds"),
+    # uvarint 2^31: Java's readUnsignedVarint() - 1 is Integer.MIN_VALUE - 1, which
+    # wraps to Integer.MAX_VALUE (a huge length); 2^32-1 is the int -1, so -2: null
+    ("records", True, "80 80 80 80 08", "exceeds"),
+    ("records", True, "ff ff ff ff 0f", "non-nullable"),
     ("[]int32", False, "00 00 00 02 00 00 00 01", "exceeds"),
     ("[]int64", True, "03 00 00 00 00 00 00 00 01", "exceeds"),
     ("string", False, "ff ff 00", "non-nullable"),
@@ -126,9 +129,11 @@ def test_any_negative_length_is_an_error_in_non_nullable_fields(ftype, wire):
     assert ei.value.offset == 0
 
 
-@pytest.mark.parametrize("wire", ["7f ff ff ff", "ff ff ff ff 0f"])
+@pytest.mark.parametrize("wire", ["7f ff ff ff", "80 80 80 80 08"])
 def test_huge_struct_array_counts_fail_before_allocating(wire):
-    """A 5-byte frame claiming 2^31-1 elements is a clean error (KAFKA-14063)."""
+    """A 5-byte frame claiming 2^31-1 elements is a clean error (KAFKA-14063). (The
+    compact count: uvarint 2^31, which Java's int arithmetic turns into
+    Integer.MAX_VALUE elements.)"""
     reg = corpus_registry()
     mc = reg.codec("MetadataResponse")
     version = 1 if wire.startswith("7f") else 12

@@ -184,16 +184,19 @@ fixed_value(int type, const unsigned char *p)
     return NULL;
 }
 
-/* A length or count: compact (uvarint minus one) or a signed int16/int32.
+/* A length or count: compact (uvarint minus one, as a Java int) or a signed int16/int32.
  * Returns 0 on success. */
 static inline int
 rd_len(Ctx *c, int compact, int wide, int64_t *n)
 {
     if (compact) {
+        /* as Kafka's generated readers: readUnsignedVarint() - 1 in Java int
+         * arithmetic, so a varint of 2^31 and above is a negative length (null),
+         * and 2^31 itself wraps to INT32_MAX */
         uint64_t u;
         if (rd_uv(c, 5, &u))
             return -1;
-        *n = (int64_t)u - 1;
+        *n = (int32_t)(uint32_t)((uint32_t)u - 1u);
         return 0;
     }
     if (wide) {

@@ -119,6 +119,23 @@ def _read_uvarint_long(buf: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
     return value, pos
 
 
+def read_compact_prefix(buf: bytes, pos: int) -> tuple[int, int]:
+    """Read the unsigned varint of a compact length (KIP-482) at ``pos`` as Kafka's
+    generated readers use it: ``length = readUnsignedVarint() - 1`` in Java ``int``
+    arithmetic, where ``readUnsignedVarint`` returns an ``int``. A varint of 2^31 and
+    above is negative there, so ``length`` is negative (a null in a nullable field,
+    an error otherwise), except 2^31 itself: ``Integer.MIN_VALUE - 1`` wraps to
+    ``Integer.MAX_VALUE``, a length no frame holds. Returns ``(length + 1, new_pos)``
+    so that callers subtract one as for any other prefix."""
+    v, pos = read_uvarint(buf, pos)
+    if v > 0x7FFFFFFF:
+        n = v - 1
+        if n > 0x7FFFFFFF:
+            n -= 0x100000000
+        return n + 1, pos
+    return v, pos
+
+
 def _uvl(buf: bytes, pos: int) -> tuple[int, int]:
     return read_uvarint(buf, pos, 10)
 
@@ -198,8 +215,8 @@ def _mark_present(o: Struct, tag: int) -> None:
 
 
 BASE_NS: dict[str, Any] = {
-    "_new": object.__new__, "_uv": read_uvarint, "_uvl": _uvl, "_zz32": _zz32,
-    "_zz64": _zz64, "_wuv": write_uvarint, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
+    "_new": object.__new__, "_uv": read_uvarint, "_uvc": read_compact_prefix, "_uvl": _uvl,
+    "_zz32": _zz32, "_zz64": _zz64, "_wuv": write_uvarint, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
     "_pa": _pa, "_DE": _derr, "_EE": EncodeError, "_ci": _check_int,
     "_mark": _mark_present, "_str": str, "_len": len, "_bytes": bytes, "_list": list,
     "_isinst": isinstance, "_Struct": Struct, "_range": range, "_mv": memoryview,
@@ -330,7 +347,8 @@ class _Unit:
                     self.emit(ind, f"pos += {size}")
                     if pv is not None and (pfx or "B") == "B":
                         self.emit(ind, f"if {pv} > 127:")
-                        self.uv_rest(ind + 1, pv, two=pfx is not None)
+                        # a compact length prefix, or (pfx None) a tag count
+                        self.uv_rest(ind + 1, pv, two=pfx is not None, length=pfx is not None)
                     if pfx is not None:
                         self.read_field(ind, nxt, f"{o}.{nxt.name}", pre=pv)
                         i = j + 1
@@ -497,18 +515,23 @@ class _Unit:
             return self._c(struct_class(f.struct)())
         return self.const(f.default)
 
-    def read_uv(self, ind: int, var: str, two: bool = False) -> None:
+    def read_uv(self, ind: int, var: str, two: bool = False, length: bool = False) -> None:
         """Read a uvarint into ``var``; one-byte values inline (and two-byte ones
-        when ``two``: lengths of records and bytes), longer ones by :func:`read_uvarint`."""
+        when ``two``: lengths of records and bytes), longer ones by :func:`read_uvarint`
+        (by :func:`read_compact_prefix` when ``length``: a compact length prefix)."""
         self.emit(ind, f"{var} = buf[pos]")
         self.emit(ind, f"if {var} < 128:")
         self.emit(ind + 1, "pos += 1")
         self.emit(ind, "else:")
         self.emit(ind + 1, "pos += 1")
-        self.uv_rest(ind + 1, var, two)
+        self.uv_rest(ind + 1, var, two, length)
 
-    def uv_rest(self, ind: int, var: str, two: bool) -> None:
-        """``var`` holds a first varint byte >= 128 just read; ``pos`` is after it."""
+    def uv_rest(self, ind: int, var: str, two: bool, length: bool = False) -> None:
+        """``var`` holds a first varint byte >= 128 just read; ``pos`` is after it.
+        ``length``: a compact length prefix (values of 2^31 and above are read as
+        Java reads them, see :func:`read_compact_prefix`; only varints of five bytes
+        can hold them, so the inline one- and two-byte paths need no check)."""
+        fn = "_uvc" if length else "_uv"
         if two and not self.traced:
             q = self.tmp("q")
             self.emit(ind, f"{q} = buf[pos]")
@@ -516,16 +539,16 @@ class _Unit:
             self.emit(ind + 1, f"{var} = ({var} & 127) | ({q} << 7)")
             self.emit(ind + 1, "pos += 1")
             self.emit(ind, "else:")
-            self.emit(ind + 1, f"{var}, pos = _uv(buf, pos - 1)")
+            self.emit(ind + 1, f"{var}, pos = {fn}(buf, pos - 1)")
         else:
-            self.emit(ind, f"{var}, pos = _uv(buf, pos - 1)")
+            self.emit(ind, f"{var}, pos = {fn}(buf, pos - 1)")
 
     def read_len(self, ind: int, n: str, compact: bool, pre: str | None, code: str) -> None:
         """Put a length into ``n``: compact (uvarint minus one) or fixed ``code``;
         ``pre`` names a variable already holding the raw prefix."""
         if compact:
             if pre is None:
-                self.read_uv(ind, n, two=True)
+                self.read_uv(ind, n, two=True, length=True)
                 self.emit(ind, f"{n} -= 1")
             else:
                 self.emit(ind, f"{n} = {pre} - 1")

@@ -441,7 +441,7 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int,
     is not decoded) and the offset after it."""
     import struct as _st
 
-    from .compiler import FIXED, read_uvarint
+    from .compiler import FIXED, read_compact_prefix
 
     start = pos
     try:
@@ -450,7 +450,7 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int,
             return _st.unpack_from(">" + code, buf, pos)[0], pos + size
         if f.type in ("string", "bytes", "records") and not f.is_array:
             if compact:
-                n, pos = read_uvarint(buf, pos)
+                n, pos = read_compact_prefix(buf, pos)
                 n -= 1
             elif f.type == "string":
                 n = _st.unpack_from(">h", buf, pos)[0]
