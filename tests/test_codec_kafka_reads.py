@@ -212,3 +212,70 @@ def test_field_flexible_versions_beyond_the_messages_are_a_spec_error():
                 "fields": [{"name": "S", "type": "string", "versions": "0+",
                             "flexibleVersions": "1+"}]})
     assert ei.value.field == "S" and "subset" in ei.value.reason
+
+
+# ---------------------------------------------------------------------------
+# wrong types are EncodeErrors in every encoder
+
+PRIMS = {
+    "name": "P", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+    "fields": [
+        {"name": "Bo", "type": "bool", "versions": "0+"},
+        {"name": "I8", "type": "int8", "versions": "0+"},
+        {"name": "I32", "type": "int32", "versions": "0+"},
+        {"name": "U32", "type": "uint32", "versions": "0+"},
+        {"name": "F", "type": "float64", "versions": "0+"},
+        {"name": "Ints", "type": "[]int32", "versions": "0+"},
+        {"name": "Bools", "type": "[]bool", "versions": "0+"},
+        {"name": "Strs", "type": "[]string", "versions": "0+"},
+        {"name": "Sub", "type": "Sub", "versions": "0+",
+         "fields": [{"name": "V", "type": "int16", "versions": "0+"}]},
+        {"name": "Subs", "type": "[]Sub2", "versions": "0+",
+         "fields": [{"name": "W", "type": "int64", "versions": "0+"}]},
+        {"name": "TI", "type": "int32", "versions": "1+", "taggedVersions": "1+", "tag": 0},
+    ],
+}
+
+
+@pytest.mark.parametrize("field,value", [
+    ("Bo", 2), ("Bo", 1), ("Bo", 0), ("I8", True), ("I32", False), ("U32", True),
+    ("I32", 1.0), ("F", True), ("F", "1"), ("Ints", [1, True]), ("Bools", [True, 1]),
+    ("Ints", (1, 2.0)), ("Strs", "abc"), ("Ints", b"\x01\x02"), ("Strs", {"a": 1}),
+    ("TI", True),
+])
+@pytest.mark.parametrize("version", [0, 1])
+def test_values_of_the_wrong_type_are_encode_errors_naming_the_field(field, value, version):
+    c = inline(PRIMS)
+    if field == "TI" and version == 0:
+        return
+    with pytest.raises(EncodeError) as ei:
+        c.encode(c.cls(**{field: value}), version)
+    assert ei.value.path is not None and ei.value.path.split(".")[1].startswith(field), ei.value
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_structs_of_another_class_are_encode_errors(version):
+    c = inline(PRIMS)
+    other = inline(PRIMS)  # same spec, another class
+    with pytest.raises(EncodeError) as ei:
+        c.encode(c.cls(Sub=other.cls().Sub), version)
+    assert ei.value.path == "P.Sub"
+    with pytest.raises(EncodeError) as ei:
+        c.encode(c.cls(Subs=[c.cls().Sub]), version)
+    assert ei.value.path.startswith("P.Subs")
+
+
+class _Code(enum.IntEnum):
+    TWO = 2
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_int_subclasses_tuples_and_ints_for_floats_encode_like_their_plain_values(version):
+    """What the rules allow but the fast encoder does not check exactly is encoded
+    all the same (by the traced encoder), to the same bytes."""
+    c = inline(PRIMS)
+    tagged = version == 1  # TI exists from version 1
+    plain = c.cls(I8=2, I32=2, Ints=[2, 3], F=2.0, **({"TI": 2} if tagged else {}))
+    odd = c.cls(I8=_Code.TWO, I32=_Code.TWO, Ints=(_Code.TWO, 3), F=2,
+                **({"TI": _Code.TWO} if tagged else {}))
+    assert c.encode(odd, version) == c.encode(plain, version)

@@ -183,6 +183,40 @@ def _check_int(v: Any, t: str) -> None:
         raise EncodeError(f"{v!r} is not a valid {t}")
 
 
+def check_value(v: Any, t: str) -> None:
+    """The rule every encoder applies to a value of the fixed-width type ``t``: ints
+    (not bools) in range for integer types, ``True``/``False`` for bool, an int or
+    float (not a bool) for float64, 16 bytes for uuid.
+
+    Raises:
+        EncodeError: the value does not fit.
+    """
+    if t in INT_RANGES:
+        _check_int(v, t)
+    elif t == "bool":
+        if not isinstance(v, bool):
+            raise EncodeError(f"expected a boolean, got {v!r}")
+    elif t == "float64":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise EncodeError(f"expected a float64, got {v!r}")
+    elif t == "uuid":
+        if not isinstance(v, (bytes, bytearray, memoryview)) or len(v) != 16:
+            raise EncodeError(f"uuid must be 16 bytes, got {v!r}")
+
+
+class _Declined(Exception):
+    """Raised by a fast encoder for a value it does not take as it is (a type it
+    does not check exactly, e.g. an int subclass or a tuple for an array): the
+    traced encoder then encodes the value or raises the precise EncodeError."""
+
+
+#: the exact types the fast encoders take without asking the traced encoder
+_FAST_TYPE = {"bool": "_bool", "int8": "_int", "int16": "_int", "uint16": "_int",
+              "int32": "_int", "uint32": "_int", "int64": "_int", "float64": "_float"}
+#: the same as Python types, by spec type
+_FAST_PY = {t: {"_bool": bool, "_int": int, "_float": float}[n] for t, n in _FAST_TYPE.items()}
+
+
 def _ua(code: str, n: int, buf: bytes, pos: int) -> list:
     """``n`` fixed-width ``code`` values at ``pos``. The format ``">{n}{code}"`` is
     one repeat count, not ``n`` codes, and is not kept here (the struct module's own
@@ -223,7 +257,13 @@ BASE_NS: dict[str, Any] = {
     "_ph": _struct.Struct(">h").pack, "_pi": _struct.Struct(">i").pack,
     "_uh": _struct.Struct(">h").unpack_from, "_ui": _struct.Struct(">i").unpack_from,
     "_ub": _struct.Struct(">b").unpack_from, "_getp": getattr,
+    "_cv": check_value, "_NO": _Declined, "_type": type, "_int": int, "_bool": bool,
+    "_float": float, "_map": map, "_set": set,
 }
+if _native is not None:
+    BASE_NS["_ao"] = _native.all_of
+    BASE_NS["_prun"] = _native.pack_run
+    BASE_NS["_parr"] = _native.pack_array
 
 
 # ---------------------------------------------------------------------------
@@ -793,10 +833,26 @@ class _Unit:
                         fields[j].type != "uuid":
                     run.append(fields[j])
                     j += 1
-                fmt = ">" + "".join(_ecode(x.type) for x in run)
-                p = self._c(_struct.Struct(fmt).pack)
-                args = ", ".join(f"{o}.{x.name}" for x in run)
-                self.emit(ind, f"out += {p}({args})")
+                codes = "".join(_ecode(x.type) for x in run)
+                # struct.pack takes bools for ints and ints 0..255 for bools ("B"):
+                # exact types here, anything else is left to the traced encoder
+                # (which applies check_value)
+                if _native is not None and len(run) <= 64:
+                    # one C call checks and appends the run (False: declined)
+                    args = ", ".join(f"{o}.{x.name}" for x in run)
+                    self.emit(ind, f"if not _prun(out, {self._c(codes.encode())}, {args}):")
+                    self.emit(ind + 1, "raise _NO")
+                    i = j
+                    continue
+                p = self._c(_struct.Struct(">" + codes).pack)
+                names = [self.tmp("a") for _ in run]
+                for n, x in zip(names, run):
+                    self.emit(ind, f"{n} = {o}.{x.name}")
+                cond = " or ".join(f"_type({n}) is not {_FAST_TYPE[x.type]}"
+                                   for n, x in zip(names, run))
+                self.emit(ind, f"if {cond}:")
+                self.emit(ind + 1, "raise _NO")
+                self.emit(ind, f"out += {p}({', '.join(names)})")
                 i = j
                 continue
             self.write_field(ind, f, f"{o}.{f.name}")
@@ -898,8 +954,33 @@ class _Unit:
                                    f"{f.name!r})")
             self.emit(ind, "else:")
             et = f.element_type
+            # the array: a list (a str or bytes would be taken as a sequence), its
+            # elements of exactly their type in the fast encoder (pack takes bools for
+            # ints; structs of another class could have the same slots)
+            elem_type = (self.cls_name(f.struct) if f.struct is not None else
+                         _FAST_TYPE.get(et) or ("_str" if et == "string" else None))
+            fixed_elems = et in FIXED and et != "uuid" and f.struct is None
+            if self.traced:
+                self.emit(ind + 1, f"if not _isinst({x}, (list, tuple)):")
+                self.emit(ind + 2, f"raise _EE('expected a list, got %s' % type({x}).__name__)")
+            elif _native is not None and fixed_elems:
+                # one C call checks and appends length and elements (False: declined)
+                code = self._c(_ecode(et).encode())
+                self.emit(ind + 1, f"if not _parr(out, {code}, {compact}, {x}):")
+                self.emit(ind + 2, "raise _NO")
+                return
+            elif _native is not None and elem_type is not None:
+                self.emit(ind + 1, f"if not _ao({elem_type}, {x}):")  # one C call
+                self.emit(ind + 2, "raise _NO")
+            else:
+                self.emit(ind + 1, f"if _type({x}) is not _list:")
+                self.emit(ind + 2, "raise _NO")
             if not self.traced and et in FIXED and et != "uuid" and f.struct is None:
                 # length prefix and elements packed with one precompiled struct
+                if _native is None:
+                    only = self._c(frozenset({_FAST_PY[et]}))
+                    self.emit(ind + 1, f"if {x} and _set(_map(_type, {x})) != {only}:")
+                    self.emit(ind + 2, "raise _NO")
                 code = _ecode(et)
                 k = self.tmp("k")
                 self.emit(ind + 1, f"{k} = len({x})")
@@ -936,12 +1017,14 @@ class _Unit:
                 else:
                     y = self.tmp("y")
                     self.emit(ind + 1, f"for {y} in {x}:")
+                    if _native is None:  # (checked by _ao above otherwise)
+                        self.emit(ind + 2, f"if _type({y}) is not {self.cls_name(f.struct)}:")
+                        self.emit(ind + 3, "raise _NO")
                     self.encode_body(f.struct, ind + 2, y)
-            elif et in FIXED and et != "uuid":
+            elif et in FIXED and et != "uuid":  # (traced only: the fast one returned above)
                 code = _ecode(et)
-                if self.traced and et in INT_RANGES:
-                    self.emit(ind + 1, f"for y in {x}:")
-                    self.emit(ind + 2, f"_ci(y, {et!r})")
+                self.emit(ind + 1, f"for y in {x}:")
+                self.emit(ind + 2, f"_cv(y, {et!r})")
                 self.emit(ind + 1, f"out += _pa({code!r}, {x})")
             else:
                 self.emit(ind + 1, f"for y in {x}:")
@@ -963,6 +1046,8 @@ class _Unit:
             if self.traced:
                 self.emit(ind2, f"{sub}({x}, out, T)")
             else:
+                self.emit(ind2, f"if _type({x}) is not {self.cls_name(f.struct)}:")
+                self.emit(ind2 + 1, "raise _NO")
                 self.encode_body(f.struct, ind2, x)
         else:
             self.write_prim(ind, f.type, x, compact, nullable, f)
@@ -973,11 +1058,11 @@ class _Unit:
                    f: FieldSpec, element: bool = False) -> None:
         if t in FIXED:
             enc = "fixed" if element or t not in _WIDTH_BITS else f.encoding_in(self.version)
-            if self.traced and t in INT_RANGES:
-                self.emit(ind, f"_ci({x}, {t!r})")
-            elif self.traced and t == "bool":
-                self.emit(ind, f"if not _isinst({x}, bool):")
-                self.emit(ind + 1, f"raise _EE('expected a boolean, got %r' % ({x},))")
+            if self.traced:
+                self.emit(ind, f"_cv({x}, {t!r})")
+            elif enc == "fixed" and t != "uuid":
+                self.emit(ind, f"if _type({x}) is not {_FAST_TYPE[t]}:")
+                self.emit(ind + 1, "raise _NO")
             if enc == "packed":
                 self.emit(ind, f"_wzz(out, {x}, {_WIDTH_BITS[t]})")
             elif enc == "upacked":

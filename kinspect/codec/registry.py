@@ -344,11 +344,16 @@ class MessageCodec:
         try:
             cv.encode(value, out)
             return
-        except Exception as ex:  # noqa: BLE001 - turned into EncodeError with a path below
+        except Exception:  # noqa: BLE001 - the traced encoder judges the value below
             if paused:
                 _gc_enable()
                 paused = False
             del out[start:]
+            # The fast encoder takes values of exactly the expected types and declines
+            # the rest (an int subclass, a tuple for a list...); the traced one applies
+            # the rules (check_value and the like) and either encodes the value, the
+            # same bytes the fast one writes for the same values, or says precisely why
+            # it cannot.
             cv.traced(self.spec, version)
             trace: list[tuple[str, int, str]] = []
             scratch = bytearray()
@@ -359,7 +364,7 @@ class MessageCodec:
                 reason = ex2.reason if isinstance(ex2, EncodeError) else f"{type(ex2).__name__}: {ex2}"
                 raise EncodeError(reason, f"{self.spec.name}.{path}" if path else self.spec.name) \
                     from None
-            raise EncodeError(f"{type(ex).__name__}: {ex}", self.spec.name) from None
+            out += scratch
         finally:
             if paused:
                 _gc_enable()
