@@ -279,3 +279,27 @@ def test_int_subclasses_tuples_and_ints_for_floats_encode_like_their_plain_value
     odd = c.cls(I8=_Code.TWO, I32=_Code.TWO, Ints=(_Code.TWO, 3), F=2,
                 **({"TI": _Code.TWO} if tagged else {}))
     assert c.encode(odd, version) == c.encode(plain, version)
+
+
+# ---------------------------------------------------------------------------
+# from_dict
+
+
+@pytest.mark.parametrize("bad", [
+    ["00"], "00", 5, {"x": "00"}, {"-1": "00"}, {"1.5": "00"}, {"": "00"},
+    {"4294967296": "00"}, {"1": "zz"}, {"1": "0"}, {"1": 5}, {"1": None},
+    {"1": "00", "01": "00"}, {"١": "00"},
+])
+def test_malformed_unknown_tags_are_encode_errors(bad):
+    c = inline(PRIMS)
+    with pytest.raises(EncodeError) as ei:
+        c.cls.from_dict({"_unknown_tags": bad})
+    assert "_unknown_tags" in str(ei.value)
+
+
+def test_unknown_tags_round_trip_through_dicts():
+    c = inline(PRIMS)
+    m = c.cls.from_dict({"_unknown_tags": {"7": "0102", "4294967295": ""}, "I8": 1})
+    assert m.unknown_tags == {7: b"\x01\x02", 4294967295: b""}
+    assert c.cls.from_dict(json.loads(json.dumps(m.to_dict()))) == m
+    assert c.cls.from_dict({"_unknown_tags": None}).unknown_tags == {}
