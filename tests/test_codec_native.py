@@ -732,3 +732,51 @@ def test_response_tag_scanner_finds_the_tags_of_a_frame_in_a_larger_buffer():
     for version in range(1000, 6000):
         assert c.response_tag_scanner(0, version) is None
     assert len(c._tag_scans) <= 4096 + checked
+
+
+PACKED = {
+    "name": "PackedData", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+    "fields": [
+        {"name": "Bo", "type": "bool", "versions": "0+"},
+        {"name": "I8", "type": "int8", "versions": "0+"},
+        {"name": "I16", "type": "int16", "versions": "0+"},
+        {"name": "U16", "type": "uint16", "versions": "0+"},
+        {"name": "I32", "type": "int32", "versions": "0+"},
+        {"name": "U32", "type": "uint32", "versions": "0+"},
+        {"name": "I64", "type": "int64", "versions": "0+"},
+        {"name": "F", "type": "float64", "versions": "0+"},
+        *({"name": f"A{t}", "type": f"[]{t}", "versions": "0+"}
+          for t in ("bool", "int8", "int16", "uint16", "int32", "uint32", "int64", "float64")),
+    ],
+}
+_EDGES = {"bool": [True, False], "int8": [-128, 127, 0], "int16": [-32768, 32767],
+          "uint16": [0, 65535], "int32": [-2**31, 2**31 - 1], "uint32": [0, 2**32 - 1],
+          "int64": [-2**63, 2**63 - 1], "float64": [-0.0, 1.5, float("inf"), -1e300]}
+
+
+@needs_native
+@pytest.mark.parametrize("count", [0, 1, 2, 126, 127, 128, 300])
+@pytest.mark.parametrize("version", [0, 1])
+def test_c_packers_write_what_the_traced_encoder_writes(count, version):
+    """_native.pack_run / pack_array (runs of fixed-width fields, arrays of them,
+    with their int32 or compact lengths) against the traced encoder, which packs
+    with struct and checks with check_value; and out-of-range values still fail."""
+    from kinspect.codec import EncodeError
+
+    c = inline(PACKED)
+    vals = {}
+    for i, (t, edge) in enumerate(_EDGES.items()):
+        name = ["Bo", "I8", "I16", "U16", "I32", "U32", "I64", "F"][i]
+        vals[name] = edge[count % len(edge)]
+        vals[f"A{t}"] = [edge[k % len(edge)] for k in range(count)]
+    value = c.cls(**vals)
+    cv = c.compiled(version)
+    cv.traced(c.spec, version)
+    fast, traced = bytearray(), bytearray()
+    cv.encode(value, fast)
+    cv.encode_traced(value, traced, [])
+    assert fast == traced
+    assert c.decode(bytes(fast), version) == value
+    for field, bad in (("I16", 32768), ("U32", -1), ("Auint32", [2**32]), ("Aint8", [128]), ("Abool", [1])):
+        with pytest.raises(EncodeError):
+            c.encode(c.cls(**{field: bad}), version)
