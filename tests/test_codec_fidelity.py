@@ -137,15 +137,19 @@ def test_versions_outside_valid_versions_are_rejected():
 
 def test_field_level_flexible_versions_override_the_message():
     """A string with ``"flexibleVersions": "none"`` keeps its int16 length in a
-    flexible version (RequestHeader ClientId, KIP-482)."""
-    c = inline({"name": "F", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+    flexible version (RequestHeader ClientId, KIP-482); an override narrower than the
+    message's flexible versions keeps the old form until it starts. (One wider than
+    the message's is refused, as Kafka's generator refuses it.)"""
+    c = inline({"name": "F", "type": "data", "validVersions": "0-2", "flexibleVersions": "1+",
                 "fields": [
                     {"name": "A", "type": "string", "versions": "0+", "flexibleVersions": "none"},
-                    {"name": "B", "type": "bytes", "versions": "0+", "flexibleVersions": "0+"}]})
+                    {"name": "B", "type": "bytes", "versions": "0+", "flexibleVersions": "2+"}]})
     v = c.cls(A="ab", B=b"\x07")
-    assert c.encode(v, 0) == h("00 02 61 62 | 02 07")
-    assert c.encode(v, 1) == h("00 02 61 62 | 02 07 | 00")
-    assert c.decode(h("00 02 61 62 | 02 07 | 00"), 1) == v
+    assert c.encode(v, 0) == h("00 02 61 62 | 00 00 00 01 07")
+    assert c.encode(v, 1) == h("00 02 61 62 | 00 00 00 01 07 | 00")
+    assert c.encode(v, 2) == h("00 02 61 62 | 02 07 | 00")
+    for version in (1, 2):
+        assert c.decode(c.encode(v, version), version) == v
 
 
 def test_request_header_client_id_is_a_non_compact_nullable_string():
@@ -487,12 +491,24 @@ def _one(ftype, default, **extra):
                                **extra}]})
 
 
+# As Kafka's generator reads defaults (generator/.../FieldSpec.java, fieldDefault):
+# integers pass Byte/Short/Integer/Long.valueOf(text, base), base 16 after a lower-case
+# "0x" it strips, and the text itself becomes a Java literal (so a leading 0 is octal);
+# "" is 0 (also what is left of a bare "0x"); booleans are equalsIgnoreCase "true" or
+# "false", "" false; float64 is Double.parseDouble(text), "" 0.0.
 @pytest.mark.parametrize("ftype,default,value", [
-    ("int32", "0x10", 16), ("int32", "0X1f", 31), ("int32", "-0x10", -16), ("int32", "010", 8),
-    ("int32", "#ff", 255), ("int64", "0xcafcacafcacafca", 0x0CAFCACAFCACAFCA),
+    ("int32", "0x10", 16), ("int32", "0x1f", 31), ("int32", "010", 8), ("int32", "-010", -8),
+    ("int32", "+5", 5), ("int8", "0x7f", 127), ("int64", "0xcafcacafcacafca", 0x0CAFCACAFCACAFCA),
     ("int16", "-32768", -32768), ("int8", "0", 0), ("uint16", "65535", 65535),
-    ("bool", "true", True), ("bool", "false", False), ("float64", "1.5", 1.5),
-    ("string", "abc", "abc"), ("int32", 7, 7),
+    ("int32", "-2147483648", -2147483648), ("uint32", "0x10", 16),
+    ("int8", "", 0), ("int16", "", 0), ("uint16", "", 0), ("int32", "", 0), ("uint32", "", 0),
+    ("int64", "", 0), ("int32", "0x", 0),
+    ("bool", "true", True), ("bool", "false", False), ("bool", "TRUE", True),
+    ("bool", "False", False), ("bool", "", False), ("bool", True, True),
+    ("float64", "1.5", 1.5), ("float64", "", 0.0), ("float64", "1e3", 1000.0),
+    ("float64", "2.5d", 2.5), ("float64", "0x1.8p1", 3.0), ("float64", " -Infinity ", -math.inf),
+    ("string", "abc", "abc"), ("string", "", ""), ("int32", 7, 7), ("int32", -7, -7),
+    ("records", "anything", None),  # the generator's records default is null, unchecked
 ])
 def test_custom_defaults(ftype, default, value):
     c = _one(ftype, default)
@@ -507,9 +523,20 @@ def test_null_default_needs_nullable_versions():
     assert ei.value.field == "X" and ei.value.source == "inline.json"
 
 
-@pytest.mark.parametrize("ftype,default", [("int8", "128"), ("uint16", "-1"), ("int32", "x"),
-                                           ("bool", "yes"), ("bytes", "abc"),
-                                           ("[]int32", "1"), ("int32", "0x")])
+@pytest.mark.parametrize("ftype,default", [
+    ("int8", "128"), ("uint16", "-1"), ("int32", "x"), ("bool", "yes"), ("bytes", "abc"),
+    ("[]int32", "1"),
+    # what Java's valueOf(text, 10 or 16) refuses, though Integer.decode or Python's
+    # int() would take it
+    ("int32", "-0x10"), ("int32", "0X10"), ("int32", "#10"), ("int32", "1_000"),
+    ("int32", " 1"), ("int32", "1 "), ("int32", "1.0"), ("int32", 1.5), ("int32", True),
+    ("int8", "0x80"), ("int32", "0x80000000"), ("uint32", "-1"), ("int32", "2147483648"),
+    # passes valueOf but is no Java literal, so the generated code does not compile
+    ("int32", "08"), ("int32", "0x-10"),
+    ("bool", "1"), ("bool", "tru"),
+    # what Double.parseDouble refuses, though Python's float() would take it
+    ("float64", "inf"), ("float64", "nan"), ("float64", "1_0"), ("float64", " "),
+])
 def test_invalid_defaults_are_spec_errors(ftype, default):
     with pytest.raises(SpecError) as ei:
         _one(ftype, default)

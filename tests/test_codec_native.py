@@ -471,9 +471,10 @@ def test_present_default_tags_are_marked_like_the_python_decoder():
 def test_huge_counts_are_declined_before_allocating():
     codec = REG.codec("MetadataResponse")
     for version in (1, 12):
-        # Brokers count claims 2**31-1 / 2**32-2 elements in a tiny buffer
+        # Brokers count claims 2**31-1 elements in a tiny buffer (compact: uvarint
+        # 2**31, Integer.MIN_VALUE - 1 in Java's int arithmetic)
         body = (struct.pack(">i", 0) if version >= 3 else b"") + (
-            b"\xff\xff\xff\xff\x0f" if version >= 9 else b"\x7f\xff\xff\xff") + b"\x00" * 8
+            b"\x80\x80\x80\x80\x08" if version >= 9 else b"\x7f\xff\xff\xff") + b"\x00" * 8
         codec.compiled(version)  # compiled before measuring
         tracemalloc.start()
         try:
@@ -508,15 +509,23 @@ def test_counts_the_bytes_do_not_back_allocate_nothing():
 
 
 @needs_native
-def test_bad_utf8_and_bad_markers_are_declined_and_reported_precisely():
+def test_bad_utf8_decodes_alike_and_bad_lengths_are_reported_precisely():
+    """Invalid UTF-8 decodes in both decoders (lone surrogates, as Kafka's reader
+    takes such a string rather than failing); a non-nullable string's null is
+    declined by the C path and reported precisely."""
     codec = inline(EDGE)
     raw = bytearray(codec.encode(codec.cls(S="abc"), 0))
     i = raw.index(b"abc")
     raw[i] = 0xff
+    assert agree(codec, bytes(raw), 0)
+    assert codec.decode(bytes(raw), 0).S == "\udcffbc"
+    raw = bytearray(codec.encode(codec.cls(NoFlex="abc"), 0))
+    i = raw.index(b"\x00\x03abc")
+    raw[i:i + 2] = b"\xff\xff"
     assert not agree(codec, bytes(raw), 0)
     with pytest.raises(DecodeError) as e:
         codec.decode(bytes(raw), 0)
-    assert e.value.path and e.value.path.endswith("S") and e.value.offset is not None
+    assert e.value.path and e.value.path.endswith("NoFlex") and e.value.offset == i
 
 
 @needs_native
@@ -723,3 +732,51 @@ def test_response_tag_scanner_finds_the_tags_of_a_frame_in_a_larger_buffer():
     for version in range(1000, 6000):
         assert c.response_tag_scanner(0, version) is None
     assert len(c._tag_scans) <= 4096 + checked
+
+
+PACKED = {
+    "name": "PackedData", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+    "fields": [
+        {"name": "Bo", "type": "bool", "versions": "0+"},
+        {"name": "I8", "type": "int8", "versions": "0+"},
+        {"name": "I16", "type": "int16", "versions": "0+"},
+        {"name": "U16", "type": "uint16", "versions": "0+"},
+        {"name": "I32", "type": "int32", "versions": "0+"},
+        {"name": "U32", "type": "uint32", "versions": "0+"},
+        {"name": "I64", "type": "int64", "versions": "0+"},
+        {"name": "F", "type": "float64", "versions": "0+"},
+        *({"name": f"A{t}", "type": f"[]{t}", "versions": "0+"}
+          for t in ("bool", "int8", "int16", "uint16", "int32", "uint32", "int64", "float64")),
+    ],
+}
+_EDGES = {"bool": [True, False], "int8": [-128, 127, 0], "int16": [-32768, 32767],
+          "uint16": [0, 65535], "int32": [-2**31, 2**31 - 1], "uint32": [0, 2**32 - 1],
+          "int64": [-2**63, 2**63 - 1], "float64": [-0.0, 1.5, float("inf"), -1e300]}
+
+
+@needs_native
+@pytest.mark.parametrize("count", [0, 1, 2, 126, 127, 128, 300])
+@pytest.mark.parametrize("version", [0, 1])
+def test_c_packers_write_what_the_traced_encoder_writes(count, version):
+    """_native.pack_run / pack_array (runs of fixed-width fields, arrays of them,
+    with their int32 or compact lengths) against the traced encoder, which packs
+    with struct and checks with check_value; and out-of-range values still fail."""
+    from kinspect.codec import EncodeError
+
+    c = inline(PACKED)
+    vals = {}
+    for i, (t, edge) in enumerate(_EDGES.items()):
+        name = ["Bo", "I8", "I16", "U16", "I32", "U32", "I64", "F"][i]
+        vals[name] = edge[count % len(edge)]
+        vals[f"A{t}"] = [edge[k % len(edge)] for k in range(count)]
+    value = c.cls(**vals)
+    cv = c.compiled(version)
+    cv.traced(c.spec, version)
+    fast, traced = bytearray(), bytearray()
+    cv.encode(value, fast)
+    cv.encode_traced(value, traced, [])
+    assert fast == traced
+    assert c.decode(bytes(fast), version) == value
+    for field, bad in (("I16", 32768), ("U32", -1), ("Auint32", [2**32]), ("Aint8", [128]), ("Abool", [1])):
+        with pytest.raises(EncodeError):
+            c.encode(c.cls(**{field: bad}), version)

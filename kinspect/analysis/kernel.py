@@ -19,6 +19,7 @@ from typing import Any
 from ..codec import Codec, DecodeError, EncodeError, KinspectError, SpecRegistry
 from ..codec.records import decode_records
 from ..codec.spec import MessageSpec, StructSpec, uuid_to_text
+from ..codec.values import java_string
 from ..codec.whatif import TagStats, VarintSizer, encode_message, scan_message
 from ..flows import top_level_error_code
 
@@ -160,7 +161,8 @@ class FlowAnalyzer:
             "api_version": (req.api_version if req is not None else
                             pair.get("api_version") if api_key >= 0 else -1),
             "correlation_id": pair.get("correlation_id"),
-            "client_id": req.client_id if req is not None else None,
+            # strings as Kafka reads them: Arrow columns take valid Unicode only
+            "client_id": java_string(req.client_id) if req is not None else None,
             "request_header_version": req.header_version if req is not None else None,
             "response_header_version": resp.header_version if resp is not None else None,
             "request_bytes": len(req_frame) if req_frame is not None else None,
@@ -192,8 +194,9 @@ class FlowAnalyzer:
                 self._facts(spec, req.body, req.api_version, "produce", topics, names, None,
                             errors)
                 if req.api_key == API_VERSIONS and req.api_version >= 3:
-                    row["client_software_name"] = req.body.get("ClientSoftwareName")
-                    row["client_software_version"] = req.body.get("ClientSoftwareVersion")
+                    row["client_software_name"] = java_string(req.body.get("ClientSoftwareName"))
+                    row["client_software_version"] = java_string(
+                        req.body.get("ClientSoftwareVersion"))
         if resp is not None and resp.body is not None:
             hspec = self.codec.registry.header("ResponseHeader").spec
             scan_message(hspec, resp.header, resp.header_version, negative=negative,
@@ -243,7 +246,7 @@ class FlowAnalyzer:
               perrs: list | None, errors: list[str]) -> None:
         info = self.info(st, version)
         if info.topic_name is not None:
-            topic = getattr(o, info.topic_name)
+            topic = java_string(getattr(o, info.topic_name))
         if info.topic_id is not None:
             raw = getattr(o, info.topic_id)
             tid = uuid_to_text(raw) if raw and raw != _ZERO_UUID else None

@@ -14,7 +14,7 @@
  *
  * Contract with the Python side: decode() returns (value, end_offset) when the
  * bytes decode, and None when they do not (truncated, lengths or counts past the
- * end, negative lengths in non-nullable fields, invalid UTF-8, over-long varints, values
+ * end, negative lengths in non-nullable fields, over-long varints, values
  * out of range, too deep). It never reads outside buf[pos:end], checks every count
  * against the bytes left before allocating for it, and grows lists of structs or
  * strings as their elements are read. On None the caller runs the
@@ -62,7 +62,7 @@ static const int FIXED_SIZE[] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 16, 0, 0};
 
 /* Bumped whenever the module's behaviour or interface changes: kinspect.codec.native
  * refuses a stale build (an editable install keeps the old .so until rebuilt). */
-#define NATIVE_ABI 6
+#define NATIVE_ABI 7
 
 typedef struct Program Program;
 
@@ -184,16 +184,19 @@ fixed_value(int type, const unsigned char *p)
     return NULL;
 }
 
-/* A length or count: compact (uvarint minus one) or a signed int16/int32.
+/* A length or count: compact (uvarint minus one, as a Java int) or a signed int16/int32.
  * Returns 0 on success. */
 static inline int
 rd_len(Ctx *c, int compact, int wide, int64_t *n)
 {
     if (compact) {
+        /* as Kafka's generated readers: readUnsignedVarint() - 1 in Java int
+         * arithmetic, so a varint of 2^31 and above is a negative length (null),
+         * and 2^31 itself wraps to INT32_MAX */
         uint64_t u;
         if (rd_uv(c, 5, &u))
             return -1;
-        *n = (int64_t)u - 1;
+        *n = (int32_t)(uint32_t)((uint32_t)u - 1u);
         return 0;
     }
     if (wide) {
@@ -235,10 +238,9 @@ rd_strbytes(Ctx *c, int is_str, int compact, int nullable)
     const char *p = (const char *)c->buf + c->pos;
     c->pos += (Py_ssize_t)n;
     if (is_str) {
-        PyObject *s = PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, NULL);
-        if (s == NULL && PyErr_ExceptionMatches(PyExc_UnicodeDecodeError))
-            PyErr_Clear();
-        return s;
+        /* invalid UTF-8 is kept as lone surrogates, as the Python decoders keep it
+         * (Kafka's readString replaces it with U+FFFD rather than failing) */
+        return PyUnicode_DecodeUTF8(p, (Py_ssize_t)n, "surrogateescape");
     }
     return PyBytes_FromStringAndSize(p, (Py_ssize_t)n);
 }
@@ -995,7 +997,212 @@ static PyTypeObject Program_Type = {
     .tp_methods = Program_methods,
 };
 
+/* ---------------------------------------------------------------- encoding */
+
+/* all_of(tp, x): whether x is a list whose items are all of exactly type tp. The
+ * fast encoders (kinspect.codec.compiler) check arrays with it: struct.pack takes
+ * bools for ints and small ints for bools, and a str or bytes would pass for a
+ * sequence. One call per array instead of a Python loop. */
+static PyObject *
+native_all_of(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "all_of(tp, x) takes 2 arguments");
+        return NULL;
+    }
+    PyObject *tp = args[0], *x = args[1];
+    if (!PyList_CheckExact(x))
+        Py_RETURN_FALSE;
+    Py_ssize_t n = PyList_GET_SIZE(x);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if ((PyObject *)Py_TYPE(PyList_GET_ITEM(x, i)) != tp)
+            Py_RETURN_FALSE;
+    }
+    Py_RETURN_TRUE;
+}
+
+/* One fixed-width value of struct code `code` at p, big-endian, if v is of exactly
+ * the type the fast encoders take for it and in range: 1 written, 0 declined,
+ * -1 error (exception set). */
+static int
+put_fixed(unsigned char *p, char code, PyObject *v)
+{
+    if (code == 'B') {  /* bool: True or False only */
+        if (v == Py_True) { p[0] = 1; return 1; }
+        if (v == Py_False) { p[0] = 0; return 1; }
+        return 0;
+    }
+    if (code == 'd') {
+        if (!PyFloat_CheckExact(v))
+            return 0;
+#if PY_VERSION_HEX >= 0x030B0000
+        return PyFloat_Pack8(PyFloat_AS_DOUBLE(v), (char *)p, 0) < 0 ? -1 : 1;
+#else
+        return _PyFloat_Pack8(PyFloat_AS_DOUBLE(v), p, 0) < 0 ? -1 : 1;
+#endif
+    }
+    if (!PyLong_CheckExact(v))
+        return 0;
+    int overflow = 0;
+    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+    if (overflow)
+        return 0;
+    if (x == -1 && PyErr_Occurred())
+        return -1;
+    uint64_t u = (uint64_t)x;
+    switch (code) {
+    case 'b': if (x < -128 || x > 127) return 0;
+        p[0] = (unsigned char)u; return 1;
+    case 'h': if (x < -32768 || x > 32767) return 0;
+        p[0] = (unsigned char)(u >> 8); p[1] = (unsigned char)u; return 1;
+    case 'H': if (x < 0 || x > 65535) return 0;
+        p[0] = (unsigned char)(u >> 8); p[1] = (unsigned char)u; return 1;
+    case 'i': if (x < INT32_MIN || x > INT32_MAX) return 0;
+        break;
+    case 'I': if (x < 0 || x > (long long)UINT32_MAX) return 0;
+        break;
+    case 'q':
+        for (int k = 0; k < 8; k++)
+            p[k] = (unsigned char)(u >> (56 - 8 * k));
+        return 1;
+    default:
+        return 0;
+    }
+    p[0] = (unsigned char)(u >> 24); p[1] = (unsigned char)(u >> 16);
+    p[2] = (unsigned char)(u >> 8); p[3] = (unsigned char)u;
+    return 1;
+}
+
+static Py_ssize_t
+code_size(char code)
+{
+    switch (code) {
+    case 'B': case 'b': return 1;
+    case 'h': case 'H': return 2;
+    case 'i': case 'I': return 4;
+    case 'q': case 'd': return 8;
+    }
+    return -1;
+}
+
+/* Append `n` bytes at tmp to the bytearray out. */
+static int
+append(PyObject *out, const unsigned char *tmp, Py_ssize_t n)
+{
+    Py_ssize_t old = PyByteArray_GET_SIZE(out);
+    if (PyByteArray_Resize(out, old + n) < 0)
+        return -1;
+    memcpy(PyByteArray_AS_STRING(out) + old, tmp, (size_t)n);
+    return 0;
+}
+
+/* pack_run(out, codes, *values) -> bool: append the values (one struct code each:
+ * b h H i I q int8..int64, B bool, d float64) big-endian to the bytearray out, as
+ * struct.pack(">" + codes) would, when each is of exactly its type (int, bool,
+ * float) and in range; False (nothing appended) otherwise. */
+static PyObject *
+native_pack_run(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 2 || !PyByteArray_CheckExact(args[0]) || !PyBytes_CheckExact(args[1])
+            || PyBytes_GET_SIZE(args[1]) != nargs - 2 || nargs - 2 > 64) {
+        PyErr_SetString(PyExc_TypeError, "pack_run(out: bytearray, codes: bytes, *values): "
+                        "one code per value, at most 64");
+        return NULL;
+    }
+    const char *codes = PyBytes_AS_STRING(args[1]);
+    unsigned char tmp[64 * 8];
+    Py_ssize_t n = 0;
+    for (Py_ssize_t i = 2; i < nargs; i++) {
+        Py_ssize_t size = code_size(codes[i - 2]);
+        if (size < 0) {
+            PyErr_SetString(PyExc_ValueError, "pack_run: unknown code");
+            return NULL;
+        }
+        int r = put_fixed(tmp + n, codes[i - 2], args[i]);
+        if (r < 0)
+            return NULL;
+        if (r == 0)
+            Py_RETURN_FALSE;
+        n += size;
+    }
+    if (append(args[0], tmp, n) < 0)
+        return NULL;
+    Py_RETURN_TRUE;
+}
+
+/* pack_array(out, code, compact, x) -> bool: append an array of fixed-width values
+ * (struct code `code`, as in pack_run) to the bytearray out: its length (an
+ * unsigned varint of count + 1 when compact, else an int32) and its elements, when
+ * x is a list whose elements are all of exactly their type and in range; False
+ * (nothing appended) otherwise. */
+static PyObject *
+native_pack_array(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4 || !PyByteArray_CheckExact(args[0]) || !PyBytes_CheckExact(args[1])
+            || PyBytes_GET_SIZE(args[1]) != 1) {
+        PyErr_SetString(PyExc_TypeError, "pack_array(out: bytearray, code: bytes, compact, x)");
+        return NULL;
+    }
+    char code = PyBytes_AS_STRING(args[1])[0];
+    Py_ssize_t size = code_size(code);
+    int compact = PyObject_IsTrue(args[2]);
+    PyObject *x = args[3];
+    if (size < 0 || compact < 0) {
+        if (compact >= 0)
+            PyErr_SetString(PyExc_ValueError, "pack_array: unknown code");
+        return NULL;
+    }
+    if (!PyList_CheckExact(x))
+        Py_RETURN_FALSE;
+    Py_ssize_t cnt = PyList_GET_SIZE(x);
+    if (cnt > INT32_MAX - 1)
+        Py_RETURN_FALSE;
+    unsigned char stack[512];
+    size_t need = 5 + (size_t)cnt * (size_t)size;
+    unsigned char *tmp = need <= sizeof stack ? stack : PyMem_Malloc(need);
+    if (tmp == NULL)
+        return PyErr_NoMemory();
+    Py_ssize_t n = 0;
+    if (compact) {
+        uint32_t v = (uint32_t)cnt + 1;
+        while (v >= 0x80) {
+            tmp[n++] = (unsigned char)(v | 0x80);
+            v >>= 7;
+        }
+        tmp[n++] = (unsigned char)v;
+    } else {
+        uint32_t v = (uint32_t)cnt;
+        tmp[0] = (unsigned char)(v >> 24); tmp[1] = (unsigned char)(v >> 16);
+        tmp[2] = (unsigned char)(v >> 8); tmp[3] = (unsigned char)v;
+        n = 4;
+    }
+    PyObject *res = Py_True;
+    for (Py_ssize_t i = 0; i < cnt; i++) {
+        int r = put_fixed(tmp + n, code, PyList_GET_ITEM(x, i));
+        if (r <= 0) {
+            res = r < 0 ? NULL : Py_False;
+            break;
+        }
+        n += size;
+    }
+    if (res == Py_True && append(args[0], tmp, n) < 0)
+        res = NULL;
+    if (tmp != stack)
+        PyMem_Free(tmp);
+    Py_XINCREF(res);
+    return res;
+}
+
 static PyMethodDef module_methods[] = {
+    {"pack_run", (PyCFunction)(void (*)(void))native_pack_run, METH_FASTCALL,
+     "pack_run(out, codes, *values) -> whether the values were appended to out "
+     "(exact types, in range), as struct.pack('>' + codes) writes them."},
+    {"pack_array", (PyCFunction)(void (*)(void))native_pack_array, METH_FASTCALL,
+     "pack_array(out, code, compact, x) -> whether the array x (a list of values of "
+     "exact types, in range) was appended to out with its length."},
+    {"all_of", (PyCFunction)(void (*)(void))native_all_of, METH_FASTCALL,
+     "all_of(tp, x) -> whether x is a list of values of exactly type tp."},
+
     {"decode", (PyCFunction)(void (*)(void))native_decode, METH_FASTCALL,
      "decode(program, buf: bytes, pos: int, end: int) -> (value, end offset) or None "
      "when buf[pos:end] does not decode."},

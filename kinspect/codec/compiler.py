@@ -25,6 +25,11 @@ Wire formats follow the Kafka protocol guide and KIP-482 (tagged fields, compact
 types, unsigned varints), KIP-893 (nullable structs) and the proposed per-field
 ``encoding`` property (fixedN / packedN zig-zag varint / upackedN unsigned varint).
 Booleans decode as ``byte != 0`` (as Kafka reads them) and are written as 0/1.
+Strings are decoded from UTF-8 with the ``surrogateescape`` error handler and encoded
+with it: Kafka reads them with ``new String(bytes, UTF_8)`` (``Readable.readString``),
+which replaces invalid UTF-8 with U+FFFD rather than failing, so brokers accept such
+frames; kinspect decodes them too, and keeps each invalid byte as a lone surrogate
+(U+DC80..U+DCFF) so that the value encodes back to exactly the bytes it came from.
 Nulls are read as Kafka's generated readers read them: any negative length of a
 nullable string, bytes, records or array; a nullable struct's int8 marker when
 negative (present otherwise, not only for 1), a tagged one's unsigned varint marker
@@ -114,6 +119,23 @@ def _read_uvarint_long(buf: bytes, pos: int, max_bytes: int) -> tuple[int, int]:
     return value, pos
 
 
+def read_compact_prefix(buf: bytes, pos: int) -> tuple[int, int]:
+    """Read the unsigned varint of a compact length (KIP-482) at ``pos`` as Kafka's
+    generated readers use it: ``length = readUnsignedVarint() - 1`` in Java ``int``
+    arithmetic, where ``readUnsignedVarint`` returns an ``int``. A varint of 2^31 and
+    above is negative there, so ``length`` is negative (a null in a nullable field,
+    an error otherwise), except 2^31 itself: ``Integer.MIN_VALUE - 1`` wraps to
+    ``Integer.MAX_VALUE``, a length no frame holds. Returns ``(length + 1, new_pos)``
+    so that callers subtract one as for any other prefix."""
+    v, pos = read_uvarint(buf, pos)
+    if v > 0x7FFFFFFF:
+        n = v - 1
+        if n > 0x7FFFFFFF:
+            n -= 0x100000000
+        return n + 1, pos
+    return v, pos
+
+
 def _uvl(buf: bytes, pos: int) -> tuple[int, int]:
     return read_uvarint(buf, pos, 10)
 
@@ -161,6 +183,40 @@ def _check_int(v: Any, t: str) -> None:
         raise EncodeError(f"{v!r} is not a valid {t}")
 
 
+def check_value(v: Any, t: str) -> None:
+    """The rule every encoder applies to a value of the fixed-width type ``t``: ints
+    (not bools) in range for integer types, ``True``/``False`` for bool, an int or
+    float (not a bool) for float64, 16 bytes for uuid.
+
+    Raises:
+        EncodeError: the value does not fit.
+    """
+    if t in INT_RANGES:
+        _check_int(v, t)
+    elif t == "bool":
+        if not isinstance(v, bool):
+            raise EncodeError(f"expected a boolean, got {v!r}")
+    elif t == "float64":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise EncodeError(f"expected a float64, got {v!r}")
+    elif t == "uuid":
+        if not isinstance(v, (bytes, bytearray, memoryview)) or len(v) != 16:
+            raise EncodeError(f"uuid must be 16 bytes, got {v!r}")
+
+
+class _Declined(Exception):
+    """Raised by a fast encoder for a value it does not take as it is (a type it
+    does not check exactly, e.g. an int subclass or a tuple for an array): the
+    traced encoder then encodes the value or raises the precise EncodeError."""
+
+
+#: the exact types the fast encoders take without asking the traced encoder
+_FAST_TYPE = {"bool": "_bool", "int8": "_int", "int16": "_int", "uint16": "_int",
+              "int32": "_int", "uint32": "_int", "int64": "_int", "float64": "_float"}
+#: the same as Python types, by spec type
+_FAST_PY = {t: {"_bool": bool, "_int": int, "_float": float}[n] for t, n in _FAST_TYPE.items()}
+
+
 def _ua(code: str, n: int, buf: bytes, pos: int) -> list:
     """``n`` fixed-width ``code`` values at ``pos``. The format ``">{n}{code}"`` is
     one repeat count, not ``n`` codes, and is not kept here (the struct module's own
@@ -193,15 +249,21 @@ def _mark_present(o: Struct, tag: int) -> None:
 
 
 BASE_NS: dict[str, Any] = {
-    "_new": object.__new__, "_uv": read_uvarint, "_uvl": _uvl, "_zz32": _zz32,
-    "_zz64": _zz64, "_wuv": write_uvarint, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
+    "_new": object.__new__, "_uv": read_uvarint, "_uvc": read_compact_prefix, "_uvl": _uvl,
+    "_zz32": _zz32, "_zz64": _zz64, "_wuv": write_uvarint, "_wzz": _wzz, "_wup": _wup, "_ua": _ua,
     "_pa": _pa, "_DE": _derr, "_EE": EncodeError, "_ci": _check_int,
     "_mark": _mark_present, "_str": str, "_len": len, "_bytes": bytes, "_list": list,
     "_isinst": isinstance, "_Struct": Struct, "_range": range, "_mv": memoryview,
     "_ph": _struct.Struct(">h").pack, "_pi": _struct.Struct(">i").pack,
     "_uh": _struct.Struct(">h").unpack_from, "_ui": _struct.Struct(">i").unpack_from,
     "_ub": _struct.Struct(">b").unpack_from, "_getp": getattr,
+    "_cv": check_value, "_NO": _Declined, "_type": type, "_int": int, "_bool": bool,
+    "_float": float, "_map": map, "_set": set,
 }
+if _native is not None:
+    BASE_NS["_ao"] = _native.all_of
+    BASE_NS["_prun"] = _native.pack_run
+    BASE_NS["_parr"] = _native.pack_array
 
 
 # ---------------------------------------------------------------------------
@@ -325,7 +387,8 @@ class _Unit:
                     self.emit(ind, f"pos += {size}")
                     if pv is not None and (pfx or "B") == "B":
                         self.emit(ind, f"if {pv} > 127:")
-                        self.uv_rest(ind + 1, pv, two=pfx is not None)
+                        # a compact length prefix, or (pfx None) a tag count
+                        self.uv_rest(ind + 1, pv, two=pfx is not None, length=pfx is not None)
                     if pfx is not None:
                         self.read_field(ind, nxt, f"{o}.{nxt.name}", pre=pv)
                         i = j + 1
@@ -492,18 +555,23 @@ class _Unit:
             return self._c(struct_class(f.struct)())
         return self.const(f.default)
 
-    def read_uv(self, ind: int, var: str, two: bool = False) -> None:
+    def read_uv(self, ind: int, var: str, two: bool = False, length: bool = False) -> None:
         """Read a uvarint into ``var``; one-byte values inline (and two-byte ones
-        when ``two``: lengths of records and bytes), longer ones by :func:`read_uvarint`."""
+        when ``two``: lengths of records and bytes), longer ones by :func:`read_uvarint`
+        (by :func:`read_compact_prefix` when ``length``: a compact length prefix)."""
         self.emit(ind, f"{var} = buf[pos]")
         self.emit(ind, f"if {var} < 128:")
         self.emit(ind + 1, "pos += 1")
         self.emit(ind, "else:")
         self.emit(ind + 1, "pos += 1")
-        self.uv_rest(ind + 1, var, two)
+        self.uv_rest(ind + 1, var, two, length)
 
-    def uv_rest(self, ind: int, var: str, two: bool) -> None:
-        """``var`` holds a first varint byte >= 128 just read; ``pos`` is after it."""
+    def uv_rest(self, ind: int, var: str, two: bool, length: bool = False) -> None:
+        """``var`` holds a first varint byte >= 128 just read; ``pos`` is after it.
+        ``length``: a compact length prefix (values of 2^31 and above are read as
+        Java reads them, see :func:`read_compact_prefix`; only varints of five bytes
+        can hold them, so the inline one- and two-byte paths need no check)."""
+        fn = "_uvc" if length else "_uv"
         if two and not self.traced:
             q = self.tmp("q")
             self.emit(ind, f"{q} = buf[pos]")
@@ -511,16 +579,16 @@ class _Unit:
             self.emit(ind + 1, f"{var} = ({var} & 127) | ({q} << 7)")
             self.emit(ind + 1, "pos += 1")
             self.emit(ind, "else:")
-            self.emit(ind + 1, f"{var}, pos = _uv(buf, pos - 1)")
+            self.emit(ind + 1, f"{var}, pos = {fn}(buf, pos - 1)")
         else:
-            self.emit(ind, f"{var}, pos = _uv(buf, pos - 1)")
+            self.emit(ind, f"{var}, pos = {fn}(buf, pos - 1)")
 
     def read_len(self, ind: int, n: str, compact: bool, pre: str | None, code: str) -> None:
         """Put a length into ``n``: compact (uvarint minus one) or fixed ``code``;
         ``pre`` names a variable already holding the raw prefix."""
         if compact:
             if pre is None:
-                self.read_uv(ind, n, two=True)
+                self.read_uv(ind, n, two=True, length=True)
                 self.emit(ind, f"{n} -= 1")
             else:
                 self.emit(ind, f"{n} = {pre} - 1")
@@ -730,7 +798,7 @@ class _Unit:
         self.emit(ind + 2, f"raise _DE('{t} length %d exceeds the %d bytes left' % "
                            f"({n}, end - pos), '{kind} data')")
         if t == "string":
-            self.emit(ind + 1, f"{target} = buf[pos:{e}].decode()")
+            self.emit(ind + 1, f"{target} = buf[pos:{e}].decode('utf-8', 'surrogateescape')")
         else:
             self.emit(ind + 1, f"{target} = buf[pos:{e}]")
         self.emit(ind + 1, f"pos = {e}")
@@ -738,14 +806,13 @@ class _Unit:
     # -- encode -------------------------------------------------------------------
     def gen_encode(self, st: StructSpec) -> None:
         self.emit(0, f"def {self.fn('e', st)}(o, out{self.targ()}):")
-        if not self.encode_body(st, 1, "o"):
-            self.emit(1, "pass")
+        self.encode_body(st, 1, "o")
         self.emit(0, "")
 
-    def encode_body(self, st: StructSpec, ind: int, o: str) -> bool:
-        """Code that appends the encoding of struct ``o`` to ``out`` (always emits
-        some: at least the tag section or the check that no tags were set); returns
-        True."""
+    def encode_body(self, st: StructSpec, ind: int, o: str) -> None:
+        """Code that appends the encoding of struct ``o`` to ``out``. It always emits
+        at least one statement (the tag section, or the check that no tags were set),
+        so it can be the whole body of a block."""
         v = self.version
         fields = st.fields
         i = 0
@@ -766,10 +833,26 @@ class _Unit:
                         fields[j].type != "uuid":
                     run.append(fields[j])
                     j += 1
-                fmt = ">" + "".join(_ecode(x.type) for x in run)
-                p = self._c(_struct.Struct(fmt).pack)
-                args = ", ".join(f"{o}.{x.name}" for x in run)
-                self.emit(ind, f"out += {p}({args})")
+                codes = "".join(_ecode(x.type) for x in run)
+                # struct.pack takes bools for ints and ints 0..255 for bools ("B"):
+                # exact types here, anything else is left to the traced encoder
+                # (which applies check_value)
+                if _native is not None and len(run) <= 64:
+                    # one C call checks and appends the run (False: declined)
+                    args = ", ".join(f"{o}.{x.name}" for x in run)
+                    self.emit(ind, f"if not _prun(out, {self._c(codes.encode())}, {args}):")
+                    self.emit(ind + 1, "raise _NO")
+                    i = j
+                    continue
+                p = self._c(_struct.Struct(">" + codes).pack)
+                names = [self.tmp("a") for _ in run]
+                for n, x in zip(names, run):
+                    self.emit(ind, f"{n} = {o}.{x.name}")
+                cond = " or ".join(f"_type({n}) is not {_FAST_TYPE[x.type]}"
+                                   for n, x in zip(names, run))
+                self.emit(ind, f"if {cond}:")
+                self.emit(ind + 1, "raise _NO")
+                self.emit(ind, f"out += {p}({', '.join(names)})")
                 i = j
                 continue
             self.write_field(ind, f, f"{o}.{f.name}")
@@ -782,7 +865,6 @@ class _Unit:
             self.emit(ind, f"if {o}._unknown:")
             self.emit(ind + 1, f"raise _EE('tagged fields %s were set, but version {self.version} "
                                f"does not support tagged fields' % sorted({o}._unknown))")
-        return True
 
     def check_absent(self, ind: int, f: FieldSpec, o: str = "o") -> bool:
         if f.ignorable:
@@ -872,8 +954,33 @@ class _Unit:
                                    f"{f.name!r})")
             self.emit(ind, "else:")
             et = f.element_type
+            # the array: a list (a str or bytes would be taken as a sequence), its
+            # elements of exactly their type in the fast encoder (pack takes bools for
+            # ints; structs of another class could have the same slots)
+            elem_type = (self.cls_name(f.struct) if f.struct is not None else
+                         _FAST_TYPE.get(et) or ("_str" if et == "string" else None))
+            fixed_elems = et in FIXED and et != "uuid" and f.struct is None
+            if self.traced:
+                self.emit(ind + 1, f"if not _isinst({x}, (list, tuple)):")
+                self.emit(ind + 2, f"raise _EE('expected a list, got %s' % type({x}).__name__)")
+            elif _native is not None and fixed_elems:
+                # one C call checks and appends length and elements (False: declined)
+                code = self._c(_ecode(et).encode())
+                self.emit(ind + 1, f"if not _parr(out, {code}, {compact}, {x}):")
+                self.emit(ind + 2, "raise _NO")
+                return
+            elif _native is not None and elem_type is not None:
+                self.emit(ind + 1, f"if not _ao({elem_type}, {x}):")  # one C call
+                self.emit(ind + 2, "raise _NO")
+            else:
+                self.emit(ind + 1, f"if _type({x}) is not _list:")
+                self.emit(ind + 2, "raise _NO")
             if not self.traced and et in FIXED and et != "uuid" and f.struct is None:
                 # length prefix and elements packed with one precompiled struct
+                if _native is None:
+                    only = self._c(frozenset({_FAST_PY[et]}))
+                    self.emit(ind + 1, f"if {x} and _set(_map(_type, {x})) != {only}:")
+                    self.emit(ind + 2, "raise _NO")
                 code = _ecode(et)
                 k = self.tmp("k")
                 self.emit(ind + 1, f"{k} = len({x})")
@@ -910,13 +1017,14 @@ class _Unit:
                 else:
                     y = self.tmp("y")
                     self.emit(ind + 1, f"for {y} in {x}:")
-                    if not self.encode_body(f.struct, ind + 2, y):
-                        self.emit(ind + 2, "pass")
-            elif et in FIXED and et != "uuid":
+                    if _native is None:  # (checked by _ao above otherwise)
+                        self.emit(ind + 2, f"if _type({y}) is not {self.cls_name(f.struct)}:")
+                        self.emit(ind + 3, "raise _NO")
+                    self.encode_body(f.struct, ind + 2, y)
+            elif et in FIXED and et != "uuid":  # (traced only: the fast one returned above)
                 code = _ecode(et)
-                if self.traced and et in INT_RANGES:
-                    self.emit(ind + 1, f"for y in {x}:")
-                    self.emit(ind + 2, f"_ci(y, {et!r})")
+                self.emit(ind + 1, f"for y in {x}:")
+                self.emit(ind + 2, f"_cv(y, {et!r})")
                 self.emit(ind + 1, f"out += _pa({code!r}, {x})")
             else:
                 self.emit(ind + 1, f"for y in {x}:")
@@ -937,8 +1045,10 @@ class _Unit:
                                     f"type({x}).__name__)")
             if self.traced:
                 self.emit(ind2, f"{sub}({x}, out, T)")
-            elif not self.encode_body(f.struct, ind2, x):
-                self.emit(ind2, "pass")
+            else:
+                self.emit(ind2, f"if _type({x}) is not {self.cls_name(f.struct)}:")
+                self.emit(ind2 + 1, "raise _NO")
+                self.encode_body(f.struct, ind2, x)
         else:
             self.write_prim(ind, f.type, x, compact, nullable, f)
         if self.traced and not in_tag:
@@ -948,11 +1058,11 @@ class _Unit:
                    f: FieldSpec, element: bool = False) -> None:
         if t in FIXED:
             enc = "fixed" if element or t not in _WIDTH_BITS else f.encoding_in(self.version)
-            if self.traced and t in INT_RANGES:
-                self.emit(ind, f"_ci({x}, {t!r})")
-            elif self.traced and t == "bool":
-                self.emit(ind, f"if not _isinst({x}, bool):")
-                self.emit(ind + 1, f"raise _EE('expected a boolean, got %r' % ({x},))")
+            if self.traced:
+                self.emit(ind, f"_cv({x}, {t!r})")
+            elif enc == "fixed" and t != "uuid":
+                self.emit(ind, f"if _type({x}) is not {_FAST_TYPE[t]}:")
+                self.emit(ind + 1, "raise _NO")
             if enc == "packed":
                 self.emit(ind, f"_wzz(out, {x}, {_WIDTH_BITS[t]})")
             elif enc == "upacked":
@@ -981,7 +1091,7 @@ class _Unit:
             if self.traced:
                 self.emit(ind + 1, f"if not _isinst({x}, str):")
                 self.emit(ind + 2, f"raise _EE('expected a string, got %s' % type({x}).__name__)")
-            self.emit(ind + 1, f"{b} = {x}.encode()")
+            self.emit(ind + 1, f"{b} = {x}.encode('utf-8', 'surrogateescape')")
         else:
             if self.traced:
                 self.emit(ind + 1, f"if not _isinst({x}, (bytes, bytearray, memoryview)):")

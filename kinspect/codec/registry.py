@@ -344,11 +344,16 @@ class MessageCodec:
         try:
             cv.encode(value, out)
             return
-        except Exception as ex:  # noqa: BLE001 - turned into EncodeError with a path below
+        except Exception:  # noqa: BLE001 - the traced encoder judges the value below
             if paused:
                 _gc_enable()
                 paused = False
             del out[start:]
+            # The fast encoder takes values of exactly the expected types and declines
+            # the rest (an int subclass, a tuple for a list...); the traced one applies
+            # the rules (check_value and the like) and either encodes the value, the
+            # same bytes the fast one writes for the same values, or says precisely why
+            # it cannot.
             cv.traced(self.spec, version)
             trace: list[tuple[str, int, str]] = []
             scratch = bytearray()
@@ -359,7 +364,7 @@ class MessageCodec:
                 reason = ex2.reason if isinstance(ex2, EncodeError) else f"{type(ex2).__name__}: {ex2}"
                 raise EncodeError(reason, f"{self.spec.name}.{path}" if path else self.spec.name) \
                     from None
-            raise EncodeError(f"{type(ex).__name__}: {ex}", self.spec.name) from None
+            out += scratch
         finally:
             if paused:
                 _gc_enable()
@@ -408,16 +413,16 @@ class MessageCodec:
         fields before it are skipped, which must be fixed-width, strings or bytes.
 
         Used on the forwarding path (e.g. Produce ``Acks``). Fields before it are
-        checked as far as skipping needs (lengths, nulls), not decoded: a string
-        skipped over is not checked for UTF-8.
+        checked as far as skipping needs (lengths, nulls), not decoded.
 
         Returns:
             the field's value, typed as a decode gives it (``None`` for a null).
         Raises:
             DecodeError: truncated or malformed input on the way to the field or in
-                it (invalid UTF-8 in the field itself, a null in a non-nullable
-                field), with its offset and path; KeyError: no such field in
-                ``version``.
+                it (a null in a non-nullable field, a string longer than 32767 bytes),
+                with its offset and path; KeyError: no such field in ``version``.
+                Invalid UTF-8 is not an error (it is kept as lone surrogates, as
+                :meth:`decode` keeps it).
         """
         flexible = self.spec.is_flexible(version)
         for f in self.spec.fields:
@@ -441,7 +446,7 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int,
     is not decoded) and the offset after it."""
     import struct as _st
 
-    from .compiler import FIXED, read_uvarint
+    from .compiler import FIXED, read_compact_prefix
 
     start = pos
     try:
@@ -450,7 +455,7 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int,
             return _st.unpack_from(">" + code, buf, pos)[0], pos + size
         if f.type in ("string", "bytes", "records") and not f.is_array:
             if compact:
-                n, pos = read_uvarint(buf, pos)
+                n, pos = read_compact_prefix(buf, pos)
                 n -= 1
             elif f.type == "string":
                 n = _st.unpack_from(">h", buf, pos)[0]
@@ -472,12 +477,8 @@ def _peek_one(buf: bytes, pos: int, f: Any, compact: bool, version: int,
             if not want:
                 return None, pos + n
             raw = buf[pos:pos + n]
-            if f.type == "string":
-                try:
-                    return str(raw, "utf-8"), pos + n
-                except UnicodeDecodeError as e:
-                    raise DecodeError(f"invalid UTF-8: {e.reason}", offset=start,
-                                      expected=f.type, path=f.name) from None
+            if f.type == "string":  # invalid UTF-8 kept as lone surrogates, as decode does
+                return str(raw, "utf-8", "surrogateescape"), pos + n
             return bytes(raw), pos + n
     except _struct_error:
         raise DecodeError("truncated", offset=start, expected=f.type, path=f.name) from None

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .compiler import FIXED, _derr, read_uvarint
+from .compiler import FIXED, _derr, read_compact_prefix, read_uvarint
 from .spec import FieldSpec, MessageSpec, StructSpec
 
-_NS: dict[str, Any] = {"_uv": read_uvarint, "_DE": _derr, "_range": range}
+_NS: dict[str, Any] = {"_uv": read_uvarint, "_uvc": read_compact_prefix, "_DE": _derr,
+                       "_range": range}
 
 
 class _ScanGen:
@@ -55,17 +56,19 @@ class _ScanGen:
             return None
         return FIXED[f.type][1]
 
-    def uv(self, ind: int, var: str) -> None:
+    def uv(self, ind: int, var: str, length: bool = False) -> None:
+        """A uvarint into ``var`` (``length``: a compact length prefix, read as Java
+        reads it, see :func:`~kinspect.codec.compiler.read_compact_prefix`)."""
         self.emit(ind, f"{var} = buf[pos]")
         self.emit(ind, f"if {var} < 128:")
         self.emit(ind + 1, "pos += 1")
         self.emit(ind, "else:")
-        self.emit(ind + 1, f"{var}, pos = _uv(buf, pos)")
+        self.emit(ind + 1, f"{var}, pos = {'_uvc' if length else '_uv'}(buf, pos)")
 
     def length(self, ind: int, n: str, compact: bool, wide: bool) -> None:
         """Put a length or count into ``n`` (-1 = null)."""
         if compact:
-            self.uv(ind, n)
+            self.uv(ind, n, length=True)
             self.emit(ind, f"{n} -= 1")
         else:
             u = f"_u{'i' if wide else 'h'}"

@@ -354,6 +354,17 @@ class _Context:
             if ftype not in ("string", "bytes"):
                 raise self.err("a field-level flexibleVersions is only allowed on string or "
                                "bytes fields", path)
+            # Kafka's generator (MessageDataGenerator.fieldFlexibleVersions) refuses an
+            # override that is not within the message's flexibleVersions
+            if not self.flexible.is_superset_of(flex_override):
+                raise self.err(f"flexibleVersions {flex_override} are not a subset of the "
+                               f"message's flexibleVersions {self.flexible}", path)
+            # A tagged field is always written in the compact form whatever its own
+            # flexibleVersions say (Kafka's generated writers write the length as an
+            # unsigned varint for every tagged string and bytes field); kinspect reads
+            # it the same way. (Kafka's generated readers would read such a field by
+            # its flexibleVersions, so a tagged field with "none" cannot round-trip
+            # through Kafka's own code; no Kafka spec has one.)
 
         f = FieldSpec(
             name=name, type=ftype, versions=versions, nullable_versions=nullable,
@@ -428,22 +439,79 @@ def _versions(text: Any, source: str, path: str | None, what: str, *,
         raise SpecError(f"{what}: {e}", source, path) from None
 
 
-def parse_int_literal(text: str) -> int:
-    """Parse an integer default like Java's ``Integer.decode``: decimal, ``0x``/``0X``/``#``
-    hex or leading-zero octal, with an optional sign."""
-    s = text.strip()
-    neg = s.startswith("-")
-    if s[:1] in "+-":
-        s = s[1:]
-    if s[:2] in ("0x", "0X"):
-        v = int(s[2:], 16)
-    elif s.startswith("#"):
-        v = int(s[1:], 16)
-    elif len(s) > 1 and s.startswith("0"):
-        v = int(s[1:], 8)
-    else:
-        v = int(s, 10)
-    return -v if neg else v
+_JAVA_DEC = re.compile(r"[+-]?[0-9]+")
+_JAVA_HEX = re.compile(r"[+-]?[0-9a-fA-F]+")
+_JAVA_OCT = re.compile(r"0[0-7]+")
+
+
+def parse_int_literal(text: str, ftype: str = "int64") -> int:
+    """The value of an integer ``default`` as Kafka's generator makes it
+    (``FieldSpec.fieldDefault``).
+
+    The generator checks the text with ``Byte``/``Short``/``Integer``/``Long.valueOf(s,
+    base)``, base 16 after a lower-case ``0x`` prefix (which it strips) and 10
+    otherwise, then pastes the *text itself* into the generated Java source as a
+    literal. So: ``""`` (or a bare ``"0x"``) is 0; ``"0x10"`` is 16; an optional
+    ``+``/``-`` sign is allowed before decimal digits only (``"-0x10"``, ``"0X10"``,
+    ``"#10"``, ``"1_000"``, ``" 1"`` fail ``valueOf``); the range check is the decimal
+    (or hex) value's, against the field type; and a decimal text with a leading zero
+    is a Java octal literal, so ``"010"`` is 8 (and ``"08"``, which passes the
+    check but is no Java literal, does not compile).
+
+    Raises:
+        ValueError: a text Kafka's generator (or the Java compiler after it) rejects.
+    """
+    lo, hi = INT_RANGES[ftype]
+    s, base = text, 10
+    if s.startswith("0x"):
+        s, base = s[2:], 16
+    if s == "":
+        return 0
+    if not (_JAVA_HEX if base == 16 else _JAVA_DEC).fullmatch(s):
+        raise ValueError("not a base-%d integer as Java's valueOf reads it" % base)
+    checked = int(s, base)
+    if not lo <= checked <= hi:
+        raise ValueError(f"out of range for {ftype}")
+    digits = s.lstrip("+-")
+    if base == 16:
+        if digits != s:  # "0x-10" passes valueOf but is no Java literal
+            raise ValueError("a sign after 0x is not a Java literal")
+        return checked
+    if len(digits) > 1 and digits[0] == "0":
+        if not _JAVA_OCT.fullmatch(digits):
+            raise ValueError(f"{digits} is not a Java octal literal")
+        return -int(digits, 8) if s[0] == "-" else int(digits, 8)
+    return checked
+
+
+# Double.parseDouble's grammar (FloatingDecimal.readJavaFormatString), after trim()
+_JAVA_DOUBLE = re.compile(
+    r"[+-]?(?:NaN|Infinity|(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+    r"|0[xX](?:[0-9a-fA-F]+\.?|[0-9a-fA-F]*\.[0-9a-fA-F]+)[pP][+-]?[0-9]+)[fFdD]?)")
+_JAVA_SPACE = "".join(chr(i) for i in range(33))  # what Java's String.trim() removes
+
+
+def parse_double_literal(text: str) -> float:
+    """A float64 ``default`` as Kafka's generated code reads it:
+    ``Double.parseDouble(text)`` (``""`` is 0.0). Java's grammar, not Python's: no
+    ``_`` separators, no ``inf``/``nan`` spellings but ``Infinity``/``NaN``; an
+    optional ``f``/``d`` suffix and hex floats (``0x1.8p1``) are allowed.
+
+    Raises:
+        ValueError: a text ``Double.parseDouble`` rejects.
+    """
+    if text == "":
+        return 0.0
+    s = text.strip(_JAVA_SPACE)
+    if not _JAVA_DOUBLE.fullmatch(s):
+        raise ValueError("not a number as Java's Double.parseDouble reads it")
+    if s[-1] in "fFdD" and not s.endswith("Infinity"):
+        s = s[:-1]
+    body = s.lstrip("+-")
+    if body[:2] in ("0x", "0X"):
+        v = float.fromhex(body)
+        return -v if s[0] == "-" else v
+    return float(s.replace("Infinity", "inf").replace("NaN", "nan"))
 
 
 def uuid_from_text(text: str) -> bytes:
@@ -460,10 +528,18 @@ def uuid_to_text(raw: bytes) -> str:
 
 
 def _parse_default(raw: Any, f: FieldSpec, ctx: _Context, path: str) -> tuple[str | None, Any]:
+    """``(text, value)`` of a field's ``default`` as Kafka's generator reads it
+    (``FieldSpec.fieldDefault``): the JSON value as the string Jackson makes of it
+    (numbers and booleans are coerced), an absent default the same as ``""``."""
     t = f.type
+    if isinstance(raw, (list, dict)):
+        raise ctx.err(f"invalid default {raw!r}: a default is a string", path)
     text = None if raw is None else (raw if isinstance(raw, str) else
                                      ("true" if raw is True else "false" if raw is False
                                       else str(raw)))
+    if t == "records" and not f.is_array:
+        # the generator's records default is null, whatever the spec says (unchecked)
+        return text, None
     if text == "null":
         present = f.versions.intersect(ctx.valid) if not f.versions.empty else f.versions
         if not f.nullable_versions.is_superset_of(present) and not (
@@ -475,34 +551,24 @@ def _parse_default(raw: Any, f: FieldSpec, ctx: _Context, path: str) -> tuple[st
         if text not in (None, ""):
             raise ctx.err(f"invalid default {raw!r} for {t}: only null is allowed", path)
         return None, None
+    s = "" if text is None else text
     try:
         if t in INT_RANGES:
-            if text is None:
-                return None, 0
-            if isinstance(raw, bool):
-                raise ValueError("boolean")
-            v = raw if isinstance(raw, int) else parse_int_literal(text)
-            lo, hi = INT_RANGES[t]
-            if not lo <= v <= hi:
-                raise ValueError(f"out of range for {t}")
-            return text, v
+            return text, parse_int_literal(s, t)
         if t == "bool":
-            if text is None:
-                return None, False
-            if text not in ("true", "false"):
+            # "" is false; "true"/"false" in any case (equalsIgnoreCase)
+            if s.lower() not in ("", "true", "false"):
                 raise ValueError("not true or false")
-            return text, text == "true"
+            return text, s.lower() == "true"
         if t == "float64":
-            return text, 0.0 if text is None else float(text)
+            return text, parse_double_literal(s)
         if t == "string":
-            return text, "" if text is None else text
+            return text, s
         if t == "uuid":
-            return text, _ZERO_UUID if text in (None, "") else uuid_from_text(text)
-        if t in ("bytes", "records"):
-            if text not in (None, ""):
-                raise ValueError(f"{t} fields take no default but null")
-            if t == "records":
-                return None, None
+            return text, _ZERO_UUID if s == "" else uuid_from_text(s)
+        if t == "bytes":
+            if s != "":
+                raise ValueError("bytes fields take no default but null or empty")
             return None, b""
     except ValueError as e:
         raise ctx.err(f"invalid default {raw!r}: {e}", path) from None

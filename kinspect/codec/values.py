@@ -139,7 +139,7 @@ class Struct:
         known = set(cls._fields)
         for key, val in data.items():
             if key == "_unknown_tags":
-                obj._unknown = {int(t): bytes.fromhex(h) for t, h in (val or {}).items()} or None
+                obj._unknown = _unknown_tags(cls, val)
                 continue
             if key == "_present_tags":
                 obj._present = _present_tags(cls, val)
@@ -149,6 +149,41 @@ class Struct:
             f = cls._spec.field(key)
             setattr(obj, key, _from_plain(f, val, f"{cls.__name__}.{key}"))
         return obj
+
+
+_MAX_TAG = 0xFFFFFFFF  # a tag is an unsigned varint of at most 32 bits (KIP-482)
+
+
+def _unknown_tags(cls: type, val: Any) -> dict[int, bytes] | None:
+    """``"_unknown_tags"`` of :meth:`Struct.from_dict`: ``{"tag": "hex"}`` as
+    :meth:`Struct.to_dict` writes it, checked (EncodeError, not the ValueError,
+    TypeError or AttributeError of ``int()``/``bytes.fromhex`` on bad input)."""
+    if val is None:
+        return None
+    where = f"{cls.__name__}._unknown_tags"
+    if not isinstance(val, dict):
+        raise EncodeError(f"expected an object {{\"tag\": \"hex bytes\"}}, got "
+                          f"{type(val).__name__}", where)
+    out: dict[int, bytes] = {}
+    for t, data in val.items():
+        tag = None
+        if isinstance(t, str) and t.isascii() and t.isdigit():
+            tag = int(t)
+        elif type(t) is int:
+            tag = t
+        if tag is None or not 0 <= tag <= _MAX_TAG:
+            raise EncodeError(f"tag {t!r} is not a tag number (an integer from 0 to "
+                              f"{_MAX_TAG})", where)
+        if tag in out:
+            raise EncodeError(f"tag {tag} given twice", where)
+        if not isinstance(data, str):
+            raise EncodeError(f"tag {tag}: expected a hex string, got {type(data).__name__}",
+                              where)
+        try:
+            out[tag] = bytes.fromhex(data)
+        except ValueError as e:
+            raise EncodeError(f"tag {tag}: {data!r} is not hex: {e}", where) from None
+    return out or None
 
 
 def _present_tags(cls: type, val: Any) -> frozenset[int] | None:
@@ -161,6 +196,25 @@ def _present_tags(cls: type, val: Any) -> frozenset[int] | None:
         raise EncodeError(f"{cls.__name__}._present_tags must be a list of the tags of its "
                           f"tagged fields {sorted(known)}, got {val!r}")
     return frozenset(val) or None
+
+
+def java_string(s: str | None) -> str | None:
+    """The string Kafka's Java reader makes of the bytes ``s`` was decoded from.
+
+    kinspect decodes strings with the ``surrogateescape`` error handler (invalid UTF-8
+    becomes lone surrogates U+DC80..U+DCFF, so the value encodes back to the same
+    bytes); Java's ``new String(bytes, UTF_8)`` replaces it with U+FFFD instead. Use
+    this where a decoded string leaves kinspect for something that needs valid
+    Unicode (Arrow/Parquet columns, strict UTF-8 writers); the value itself is
+    returned when it has no lone surrogates.
+    """
+    if s is None or s.isascii():
+        return s
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def copy_value(v: Any) -> Any:

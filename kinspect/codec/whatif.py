@@ -504,7 +504,7 @@ class _Walker:
             else:
                 out += b"\xff\xff" if t == "string" else b"\xff\xff\xff\xff"
             return
-        b = x.encode() if t == "string" else x
+        b = x.encode("utf-8", "surrogateescape") if t == "string" else x
         if compact:
             write_uvarint(out, len(b) + 1)
         elif t == "string":

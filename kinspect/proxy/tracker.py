@@ -21,7 +21,7 @@ from collections import deque
 from typing import Any, Callable
 
 from ..codec import Codec, DecodeError
-from ..codec.compiler import FIXED, read_uvarint
+from ..codec.compiler import FIXED, read_compact_prefix, read_uvarint
 from ..flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNDECODED, UNPAIRED, Flow
 
 PRODUCE = 0
@@ -81,8 +81,8 @@ def _skip(plan: tuple, buf: bytes, pos: int = 0) -> int:
         elif kind == _STR16:
             n = _H(buf, pos)[0]
             pos += 2 + (n if n > 0 else 0)
-        elif kind == _COMPACT:
-            n, pos = read_uvarint(buf, pos)
+        elif kind == _COMPACT:  # a varint of 2^31 and up is a null, as Java reads it
+            n, pos = read_compact_prefix(buf, pos)
             pos += n - 1 if n > 1 else 0
         elif kind == _BYTES32:
             n = _I(buf, pos)[0]
