@@ -589,10 +589,12 @@ def _records_json(data: Any, limit: int | None) -> Any:
 
 def _patch_records(s: Any, d: dict[str, Any], limit: int | None) -> None:
     for f in s._spec.fields:
+        if f.name not in d:  # not on the wire at the message's version
+            continue
         v = getattr(s, f.name)
         if f.type == "records":
             d[f.name] = _records_json(v, limit)
-        elif f.struct is not None and v is not None and f.name in d:
+        elif f.struct is not None and v is not None:
             if f.is_array:
                 for item, dd in zip(v, d[f.name]):
                     _patch_records(item, dd, limit)

@@ -633,6 +633,36 @@ def test_to_dict_forms_of_bytes_and_uuids():
     assert c.cls.from_dict(d) == m
 
 
+def test_to_dict_at_a_version_gives_the_fields_on_the_wire_at_it():
+    """As Kafka's JSON converters write a message: fields outside their versions are
+    left out, tagged fields only when written."""
+    import struct
+
+    from kinspect.codec import Codec
+
+    codec = Codec()  # the shipped spec set: Metadata up to v13
+    md = codec.registry.codec("MetadataResponse")
+    fields = md.spec.struct
+    assert str(fields.field("ErrorCode").versions) == "13+"
+    assert str(fields.field("ClusterAuthorizedOperations").versions) == "8-10"
+    body = md.encode(md.cls(), 12)
+    resp = codec.decode_response(struct.pack(">i", 5) + b"\x00" + body, 3, 12)
+    d = resp.to_dict()
+    assert "ErrorCode" not in d["body"] and "ClusterAuthorizedOperations" not in d["body"]
+    assert {"ThrottleTimeMs", "Brokers", "ClusterId", "ControllerId", "Topics"} <= set(d["body"])
+    assert d["header"] == {"CorrelationId": 5}
+    assert "ErrorCode" in resp.body.to_dict()  # no version: every field of the spec
+    assert "ErrorCode" in md.decode(md.encode(md.cls(), 13), 13).to_dict(13)
+    assert "ClusterAuthorizedOperations" in md.decode(md.encode(md.cls(), 9), 9).to_dict(9)
+    # a tagged field: given when on the wire, at its default only when seen there
+    av = codec.registry.codec("ApiVersionsResponse")
+    assert av.spec.struct.field("ZkMigrationReady").tagged_in(3)
+    assert "ZkMigrationReady" not in av.decode(av.encode(av.cls(), 3), 3).to_dict(3)
+    on = av.decode(av.encode(av.cls(ZkMigrationReady=True), 3), 3)
+    assert on.to_dict(3)["ZkMigrationReady"] is True
+    assert av.cls.from_dict(on.to_dict(3)) == on
+
+
 # ---------------------------------------------------------------------------
 # header special cases (GUIDE section 2, items 1-5)
 

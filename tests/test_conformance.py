@@ -90,6 +90,15 @@ def _check_round_trip(reg: SpecRegistry, name: str, version: int, value) -> None
     # plain dicts round-trip too
     assert codec.cls.from_dict(back.to_dict()) == back
     assert codec.encode(codec.cls.from_dict(back.to_dict()), version) == raw
+    # ... and so do the dicts of the fields on the wire at the version
+    at = back.to_dict(version)
+    assert codec.cls.from_dict(at) == back
+    assert codec.encode(codec.cls.from_dict(at), version) == raw
+    for f in codec.spec.struct.fields:
+        on_wire = f.versions.contains(version) and not (
+            f.tagged_in(version) and getattr(back, f.name) == f.fresh_default()
+            and f.tag not in (getattr(back, "_present", None) or ()))
+        assert (f.name in at) == on_wire, (f.name, version)
     # the scanner (no objects built) finds the same end and top-level tags
     assert codec.top_level_tags(raw, version) == _top_level_tags(codec.spec, version, back)
 

@@ -72,12 +72,14 @@ class Request:
 
     def to_dict(self) -> dict[str, Any]:
         """``{"api": ..., "api_key": ..., "api_version": ..., "header_version": ...,
-        "header": {...}, "body": {...}}`` (JSON-able)."""
+        "header": {...}, "body": {...}}`` (JSON-able): the header's and the body's
+        fields on the wire at their versions (:meth:`Struct.to_dict` with a version)."""
         return {
             "api": self.api_name, "api_key": self.api_key, "api_version": self.api_version,
             "header_version": self.header_version,
-            "header": self.header.to_dict() if self.header is not None else None,
-            "body": self.body.to_dict() if self.body is not None else None,
+            "header": (self.header.to_dict(self.header_version)
+                       if self.header is not None else None),
+            "body": self.body.to_dict(self.api_version) if self.body is not None else None,
         }
 
     def __repr__(self) -> str:
@@ -114,11 +116,14 @@ class Response:
         self.body_version = body_version
 
     def to_dict(self) -> dict[str, Any]:
+        """As :meth:`Request.to_dict`, the body's fields at :attr:`body_version`
+        (with ``"body_version"`` when it differs from ``api_version``)."""
         d = {
             "api": self.api_name, "api_key": self.api_key, "api_version": self.api_version,
             "header_version": self.header_version,
-            "header": self.header.to_dict() if self.header is not None else None,
-            "body": self.body.to_dict() if self.body is not None else None,
+            "header": (self.header.to_dict(self.header_version)
+                       if self.header is not None else None),
+            "body": self.body.to_dict(self.body_version) if self.body is not None else None,
         }
         if self.body_version != self.api_version:
             d["body_version"] = self.body_version

@@ -106,7 +106,7 @@ class Struct:
         return new
 
     # -- plain dicts -----------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, version: int | None = None) -> dict[str, Any]:
         """A JSON-able dict keyed by spec field names.
 
         bytes and records become base64 strings, uuids Kafka's text form (URL-safe
@@ -115,13 +115,29 @@ class Struct:
         that were on the wire at their default value (which the encoder would
         otherwise leave out, KIP-482) under ``"_present_tags"`` as a sorted list of
         ints. :meth:`from_dict` reverses it, so the struct encodes to the same bytes.
+
+        ``version``: the message version the struct was decoded at (or is to be
+        encoded at). Only the fields on the wire at it are given, as Kafka's generated
+        JSON converters write them (``*JsonConverter.write``): a field outside its
+        ``versions`` is left out, and a tagged field is given only when it is
+        written (not at its default, or seen on the wire). ``None``: every field of
+        the spec, at its default where the version has none.
         """
         out: dict[str, Any] = {}
-        for f in self._spec.fields:
-            out[f.name] = _to_plain(f, getattr(self, f.name))
+        present = getattr(self, "_present", None)  # the C decoder may leave it unset
+        if version is None:
+            for f in self._spec.fields:
+                out[f.name] = _to_plain(f, getattr(self, f.name), None)
+        else:
+            for f in self._spec.fields:
+                if not f.versions.contains(version):
+                    continue
+                v = getattr(self, f.name)
+                if f.tagged_in(version) and not tag_written(f, v, present):
+                    continue
+                out[f.name] = _to_plain(f, v, version)
         if self._unknown:
             out["_unknown_tags"] = {str(t): bytes(b).hex() for t, b in self._unknown.items()}
-        present = getattr(self, "_present", None)  # the C decoder may leave it unset
         if present:
             out["_present_tags"] = sorted(present)
         return out
@@ -237,17 +253,34 @@ def _prim_to_plain(t: str, v: Any) -> Any:
     return v
 
 
-def _to_plain(f: FieldSpec, v: Any) -> Any:
+def _to_plain(f: FieldSpec, v: Any, version: int | None) -> Any:
     if v is None:
         return None
     if f.struct is not None:
         if f.is_array:
-            return [x.to_dict() for x in v]
-        return v.to_dict()
+            return [x.to_dict(version) for x in v]
+        return v.to_dict(version)
     if f.is_array:
         t = f.element_type
         return [_prim_to_plain(t, x) for x in v]
     return _prim_to_plain(f.type, v)
+
+
+def tag_written(f: FieldSpec, val: Any, present: frozenset | None) -> bool:
+    """Whether the encoder writes tagged field ``f`` holding ``val``: when it differs
+    from the field's default, or when its tag is in ``present`` (the struct's tags the
+    decoder saw on the wire, :attr:`Struct._present`). KIP-482."""
+    if present and f.tag in present:
+        return True
+    if f.is_array:
+        if f.default_text == "null":
+            return val is not None
+        return val is None or len(val) > 0
+    if f.struct is not None:
+        if f.default_text == "null":
+            return val is not None
+        return val != struct_class(f.struct)()
+    return val != f.default
 
 
 def _prim_from_plain(t: str, v: Any, where: str) -> Any:

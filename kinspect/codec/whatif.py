@@ -61,7 +61,7 @@ from typing import Any
 from .compiler import FIXED, write_uvarint
 from .errors import EncodeError
 from .spec import FieldSpec, MessageSpec, StructSpec
-from .values import Struct, struct_class
+from .values import Struct, struct_class, tag_written
 
 __all__ = [
     "INT_TYPES",
@@ -151,22 +151,6 @@ def _present(f: FieldSpec, version: int) -> bool:
     return f.versions.contains(version)
 
 
-def _tag_written(f: FieldSpec, val: Any, present: frozenset | None) -> bool:
-    """Mirror of the codec's rule: a tagged field is written when it differs from
-    its default, or when the decoder saw it on the wire."""
-    if present and f.tag in present:
-        return True
-    if f.is_array:
-        if f.default_text == "null":
-            return val is not None
-        return val is None or len(val) > 0
-    if f.struct is not None:
-        if f.default_text == "null":
-            return val is not None
-        return val != struct_class(f.struct)()
-    return val != f.default
-
-
 def negative_fields(spec: MessageSpec, value: Struct, version: int) -> set[str]:
     """Keys (:func:`field_key`) of the int fields, and int arrays, holding a negative
     value somewhere in ``value`` (a decoded message at ``version``)."""
@@ -254,7 +238,7 @@ def _scan(spec: MessageSpec, st: StructSpec, o: Struct, version: int, flexible: 
         present = getattr(o, "_present", None)
         for f in plan.tagged:
             val = getattr(o, f.name)
-            if _tag_written(f, val, present):
+            if tag_written(f, val, present):
                 data = bytearray()
                 walker.field(f, val, data, True, path)
                 entries.append((f.tag, f.name, len(data)))
@@ -421,7 +405,7 @@ class _Walker:
                 continue
             val = getattr(o, f.name)
             if f.tagged_in(v):
-                if _tag_written(f, val, present):
+                if tag_written(f, val, present):
                     data = bytearray()
                     self.field(f, val, data, True, path)
                     tagged.append((f.tag, f.name, bytes(data)))
