@@ -410,12 +410,22 @@ class Codec:
         return bytes(out)
 
     def request_codec(self, api_key: int) -> MessageCodec:
+        """The body codec of an api key's requests.
+
+        Raises:
+            KinspectError: no loaded spec defines the api key.
+        """
         spec = self.registry.request(api_key)
         if spec is None:
             raise KinspectError(f"no spec for api key {api_key}")
         return self.registry.codec(spec)
 
     def response_codec(self, api_key: int) -> MessageCodec:
+        """The body codec of an api key's responses.
+
+        Raises:
+            KinspectError: no loaded spec defines the api key.
+        """
         spec = self.registry.response(api_key)
         if spec is None:
             raise KinspectError(f"no spec for api key {api_key}")

@@ -577,6 +577,9 @@ class SpecRegistry:
         return self.add(spec)
 
     def add(self, spec: MessageSpec) -> MessageSpec | None:
+        """Add a parsed spec unless a message of its name is already loaded (earlier
+        sources win; the loser is noted in :attr:`shadowed`). Returns the spec
+        added, or ``None``."""
         if spec.name in self.messages:
             self.shadowed.append((spec.name, spec.source))
             return None
@@ -589,12 +592,15 @@ class SpecRegistry:
 
     # -- lookups -----------------------------------------------------------------
     def request(self, api_key: int) -> MessageSpec | None:
+        """The request spec of an api key, ``None`` when no loaded spec defines it."""
         return self._requests.get(api_key)
 
     def response(self, api_key: int) -> MessageSpec | None:
+        """The response spec of an api key, ``None`` when no loaded spec defines it."""
         return self._responses.get(api_key)
 
     def api_keys(self) -> list[int]:
+        """Every api key a request or response spec defines, ascending."""
         return sorted(set(self._requests) | set(self._responses))
 
     def api_name(self, api_key: int) -> str:
@@ -624,6 +630,12 @@ class SpecRegistry:
         raise KeyError(name)
 
     def codec(self, name_or_spec: str | MessageSpec) -> MessageCodec:
+        """The :class:`MessageCodec` of a message (its spec, or its name such as
+        ``"MetadataRequest"``), made once and kept.
+
+        Raises:
+            KeyError: no loaded message has that name.
+        """
         spec = self.messages[name_or_spec] if isinstance(name_or_spec, str) else name_or_spec
         c = self._codecs.get(spec.name)
         if c is None:

@@ -69,12 +69,18 @@ class StructSpec:
     cls: Any = None
 
     def field(self, name: str) -> "FieldSpec":
+        """The field named ``name``.
+
+        Raises:
+            KeyError: the struct has no such field.
+        """
         for f in self.fields:
             if f.name == name:
                 return f
         raise KeyError(name)
 
     def field_names(self) -> list[str]:
+        """The field names, in spec order."""
         return [f.name for f in self.fields]
 
 
@@ -108,6 +114,7 @@ class FieldSpec:
 
     @property
     def is_array(self) -> bool:
+        """An array type (``[]T``)."""
         return self.type.startswith("[]")
 
     @property
@@ -122,16 +129,21 @@ class FieldSpec:
 
     @property
     def is_struct_array(self) -> bool:
+        """An array of structs."""
         return self.is_array and self.struct is not None
 
     @property
     def is_tagged(self) -> bool:
+        """A tagged field (KIP-482: it has a ``tag``)."""
         return self.tag is not None
 
     def nullable_in(self, version: int) -> bool:
+        """The field may be null at ``version`` (``nullableVersions``; KIP-893 for structs)."""
         return self.nullable_versions.contains(version)
 
     def tagged_in(self, version: int) -> bool:
+        """The field is a tagged field at ``version`` (``taggedVersions``, KIP-482): it
+        travels in its struct's tag section, not in the fixed part."""
         return self.tag is not None and self.tagged_versions.contains(version)
 
     def encoding_in(self, version: int) -> str:
@@ -181,6 +193,7 @@ class MessageSpec:
 
     @property
     def fields(self) -> list[FieldSpec]:
+        """The top-level fields (those of :attr:`struct`)."""
         return self.struct.fields
 
     def structs(self) -> Iterator[StructSpec]:
@@ -196,6 +209,8 @@ class MessageSpec:
             stack.extend(f.struct for f in s.fields if f.struct is not None)
 
     def is_flexible(self, version: int) -> bool:
+        """``version`` is a flexible version (KIP-482: compact types, tag sections,
+        request header v2 / response header v1)."""
         return self.flexible_versions.contains(version)
 
 

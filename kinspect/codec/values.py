@@ -59,13 +59,16 @@ class Struct:
         return name in self._fields
 
     def keys(self) -> tuple[str, ...]:
+        """The spec's field names, in spec order."""
         return self._fields
 
     def items(self) -> Iterator[tuple[str, Any]]:
+        """``(field name, value)`` for every field of the spec, in spec order."""
         for n in self._fields:
             yield n, getattr(self, n)
 
     def get(self, name: str, default: Any = None) -> Any:
+        """The value of field ``name``, or ``default`` when the spec has no such field."""
         return getattr(self, name) if name in self._fields else default
 
     @property

@@ -47,15 +47,18 @@ class Versions(NamedTuple):
 
     @property
     def empty(self) -> bool:
+        """No version at all (``"none"``)."""
         return self.lowest > self.highest
 
     def __contains__(self, version: object) -> bool:  # type: ignore[override]
         return isinstance(version, int) and self.lowest <= version <= self.highest
 
     def contains(self, version: int) -> bool:
+        """``lowest <= version <= highest`` (an int, unchecked: the fast form of ``in``)."""
         return self.lowest <= version <= self.highest
 
     def intersect(self, other: "Versions") -> "Versions":
+        """The versions in both (:data:`NONE` when they do not overlap)."""
         lo, hi = max(self.lowest, other.lowest), min(self.highest, other.highest)
         return Versions(lo, hi) if lo <= hi else NONE
 
@@ -72,6 +75,7 @@ class Versions(NamedTuple):
         return None
 
     def is_superset_of(self, other: "Versions") -> bool:
+        """Every version of ``other`` is in ``self`` (always true for an empty ``other``)."""
         return other.empty or (self.lowest <= other.lowest and other.highest <= self.highest)
 
     def __str__(self) -> str:
