@@ -166,3 +166,36 @@ def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, t
     flows = load_capture(capture).flows
     assert [(f.api_name, f.correlation_id, f.response is not None) for f in flows] == [
         ("Metadata", 5, True)]
+
+
+EXAMPLE = __import__("pathlib").Path(__file__).resolve().parents[1] / "captures" / "example.jsonl"
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """``kinspect decode --jsonl big.jsonl | head -1``: once the reader is gone, the
+    command stops without a traceback or a "Broken pipe" error message."""
+    lines = EXAMPLE.read_text().splitlines()
+    big = tmp_path / "big.jsonl"
+    big.write_text("\n".join(lines[:1] + lines[1:] * 40) + "\n")  # well over a pipe buffer
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "decode", "--jsonl", str(big)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    assert proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) != 0  # it did not finish its job
+    assert "Traceback" not in err and "Broken pipe" not in err and "Errno 32" not in err, err
+
+
+def test_a_torn_last_line_is_one_warning_line_not_a_python_warning(tmp_path):
+    """A capture cut in the middle of its last line (its writer killed) is shown
+    with one ``kinspect: warning:`` line, not Python's warning format with the
+    source file, line number and code line of kinspect's reader."""
+    torn = tmp_path / "torn.jsonl"
+    text = EXAMPLE.read_text()
+    torn.write_text(text[:len(text) - 40])
+    proc = run("show", str(torn))
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kinspect: warning: "), proc.stderr
+    assert "torn last line" in err[0] and ".py:" not in proc.stderr
