@@ -72,6 +72,14 @@ def _quiet_broken_pipe() -> None:
         pass
 
 
+def _os_error_text(e: OSError) -> str:
+    """``FILE: reason`` (``x.json: Is a directory``), not ``[Errno 21] Is a directory:
+    'x.json'``; other errors as they are."""
+    if e.strerror and e.filename:
+        return f"{e.filename}: {e.strerror}"
+    return e.strerror or str(e)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -95,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kinspect: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # e.g. a listen port in use, a file that cannot be read
-        print(f"kinspect: error: {e}", file=sys.stderr)
+        print(f"kinspect: error: {_os_error_text(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -199,3 +199,62 @@ def test_a_torn_last_line_is_one_warning_line_not_a_python_warning(tmp_path):
     err = proc.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("kinspect: warning: "), proc.stderr
     assert "torn last line" in err[0] and ".py:" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["show", str(EXAMPLE), "--bytes-limit", "-5"],
+    ["proxy", "--upstream", "127.0.0.1:1", "--max-frame", "-1"],
+    ["proxy", "--upstream", "127.0.0.1:1", "--max-frame", "0"],
+    ["demo", "--rounds", "0"],
+    ["demo", "--messages", "-3"],
+    ["demo", "--interval", "-1"],
+    ["demo", "--duration", "-2"],
+    ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--timeout", "-1"],
+    ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--timeout", "nan"],
+    ["tolerate", "--bootstrap", "127.0.0.1:1", "--timeout", "-1"],
+    ["tolerate", "--bootstrap", "127.0.0.1:1", "--max-cells", "0"],
+    ["tolerate", "--bootstrap", "127.0.0.1:1", "--budget", "-5"],
+])
+def test_out_of_range_numbers_are_usage_errors(argv, capsys):
+    """A negative size, timeout or count is refused by the parser (status 2, naming
+    the option) before anything starts, instead of being taken (a proxy refusing
+    every frame, a demo that never stops, every replayed flow failing) or ending in
+    a traceback (tolerate's socket timeout)."""
+    from kinspect.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:  # (parsing only: nothing is started)
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    option = next(a for a in argv if a.startswith("--") and a not in ("--upstream",
+                                                                      "--bootstrap"))
+    assert f"argument {option}" in err and "Traceback" not in err, err
+
+
+def test_max_frame_takes_a_size_with_a_suffix():
+    from kinspect.cli import build_parser
+
+    args = build_parser().parse_args(["proxy", "--upstream", "127.0.0.1:1", "--max-frame", "1MiB"])
+    assert args.max_frame == 1 << 20
+
+
+def test_replay_checks_its_report_path_before_replaying(tmp_path):
+    """``--report DIR`` (or a file in a missing directory) fails before any request
+    is sent, not after the whole replay has run against the broker."""
+    for report in (tmp_path, tmp_path / "missing" / "r.json"):
+        proc = run("replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--as-fast-as-possible",
+                   "--report", str(report))
+        assert proc.returncode == 1
+        assert str(report) in proc.stderr and "cannot connect" not in proc.stdout + proc.stderr
+        assert "Errno" not in proc.stderr, proc.stderr
+
+
+def test_a_listen_address_in_use_is_named_in_the_error():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = run("proxy", "--upstream", "127.0.0.1:1", "--listen", f"127.0.0.1:{port}",
+                   "--no-tui", timeout=60)
+    assert proc.returncode == 1
+    assert f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, make_codec
+from . import add_spec_options, make_codec, nonnegative_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print flow N fully decoded (repeatable)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table/tree (default) or JSON")
-    p.add_argument("--bytes-limit", type=int, default=64, metavar="N",
+    p.add_argument("--bytes-limit", type=nonnegative_int, default=64, metavar="N",
                    help="show at most N characters of keys, values and bytes fields "
                         "(0: everything)")
     add_spec_options(p)

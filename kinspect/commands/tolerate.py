@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, hostport
+from . import add_spec_options, hostport, positive_float, positive_int
 
 EPILOG = """\
 Each cell sends one request, on a fresh connection, with one unknown tagged field
@@ -48,11 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="create a scratch topic and add Produce, OffsetCommit and "
                         "InitProducerId (they write to the scratch topic and group)")
     p.add_argument("--json", metavar="OUT", help="write the JSON report here ('-' = stdout)")
-    p.add_argument("--timeout", type=float, default=2.0, metavar="S",
+    p.add_argument("--timeout", type=positive_float, default=2.0, metavar="S",
                    help="seconds to wait for each answer (default 2)")
-    p.add_argument("--max-cells", type=int, default=3000, metavar="N",
+    p.add_argument("--max-cells", type=positive_int, default=3000, metavar="N",
                    help="most requests to send, baselines included (default 3000)")
-    p.add_argument("--budget", type=float, default=45.0, metavar="S",
+    p.add_argument("--budget", type=positive_float, default=45.0, metavar="S",
                    help="start no request after this many seconds (default 45)")
     p.add_argument("--apis", metavar="LIST",
                    help="comma-separated api names instead of the default safe set")
