@@ -87,8 +87,19 @@ def run(args: argparse.Namespace) -> int:
         apis=tuple(a.strip() for a in args.apis.split(",") if a.strip()) if args.apis else None,
         payload_sizes=sizes, tag_kinds=kinds)
     to_stdout = args.json == "-"
-    console = Console(stderr=to_stdout)
+    stream = sys.stderr if to_stdout else sys.stdout
+    # a pipe or a file gets the whole table (rich's 80 columns fold it), a terminal its width
+    console = Console(stderr=to_stdout, width=None if stream.isatty() else 200)
     codec = make_codec(args)
+    unknown = []
+    for name in cfg.apis or ():
+        try:
+            codec.registry.api_key(name)
+        except KeyError:
+            unknown.append(name)
+    if unknown:  # (a typo would otherwise test nothing, and say so only in passing)
+        raise KinspectError(f"--apis: no spec defines {', '.join(unknown)} "
+                            f"(api names as 'kinspect specs' lists them, e.g. Metadata)")
     count = 0
     with console.status("tolerance matrix: starting") as status:
         def progress(cell) -> None:
