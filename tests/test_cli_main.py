@@ -258,3 +258,16 @@ def test_a_listen_address_in_use_is_named_in_the_error():
                    "--no-tui", timeout=60)
     assert proc.returncode == 1
     assert f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_specs_in_a_pipe_keeps_paths_whole():
+    """Piped (grep, less, a file), ``kinspect specs`` writes each spec source path on
+    its line, whole: not broken across lines or cut with an ellipsis at 80 columns."""
+    proc = run("specs")
+    assert proc.returncode == 0, proc.stderr
+    sources = json.loads(run("specs", "--format", "json").stdout)["sources"]
+    lines = proc.stdout.splitlines()
+    for s in sources:
+        assert any(line.rstrip().endswith(s["path"]) and s["origin"] in line for line in lines), \
+            proc.stdout[:2000]
+    assert any("ProduceRequest.json" in line for line in lines)
