@@ -271,3 +271,13 @@ def test_specs_in_a_pipe_keeps_paths_whole():
         assert any(line.rstrip().endswith(s["path"]) and s["origin"] in line for line in lines), \
             proc.stdout[:2000]
     assert any("ProduceRequest.json" in line for line in lines)
+
+
+@pytest.mark.parametrize("command", [["show"], ["replay", "--upstream", "127.0.0.1:1"]])
+def test_a_capture_on_stdin_is_refused_with_the_reason(command):
+    """``zcat cap.jsonl.gz | kinspect show -``: refused as a usage error saying a
+    capture is read from a file, not "-: no such file"."""
+    proc = subprocess.run([sys.executable, "-m", "kinspect", command[0], "-", *command[1:]],
+                          input=EXAMPLE.read_text(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "stdin" in proc.stderr and "no such file" not in proc.stderr, proc.stderr

@@ -77,3 +77,14 @@ def positive_size(text: str) -> int:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a size above 0, got {text!r}")
     return value
+
+
+def capture_path(text: str) -> str:
+    """argparse type for a CAPTURE argument: a file name; ``-`` (stdin) is refused
+    with the reason (a capture is read more than once, rotated parts are found next
+    to it), not reported as a missing file named "-"."""
+    if text == "-":
+        raise argparse.ArgumentTypeError(
+            "a capture is read from a file, not from stdin: save it first (a .jsonl.gz "
+            "is read as it is, no need to gunzip it)")
+    return text

@@ -26,14 +26,14 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, hostport, make_codec, positive_float
+from . import add_spec_options, capture_path, hostport, make_codec, positive_float
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="send a capture to a broker again and compare the "
                                       "responses with the recorded ones",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("capture", metavar="CAPTURE", help="capture file (.jsonl or .jsonl.gz)")
+    p.add_argument("capture", metavar="CAPTURE", type=capture_path, help="capture file (.jsonl or .jsonl.gz)")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", type=hostport,
                    help="the broker every recorded connection is replayed against")
     p.add_argument("--filter", "-f", metavar="EXPR",
