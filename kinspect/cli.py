@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import pkgutil
 import sys
+import warnings
 
 from . import __version__, commands
 from .codec.errors import KinspectError
@@ -33,21 +35,75 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings of kinspect's own (a capture's torn last line, ...) as one line for
+    the user, ``kinspect: warning: ...``, not Python's file:line and source line.
+    Other warnings (from libraries) keep Python's format. (The format, not
+    ``warnings.showwarning``: replacing that would hide warnings from
+    ``warnings.catch_warnings(record=True)``.)"""
+    if issubclass(category, Warning) and category.__module__.split(".")[0] == "kinspect":
+        return f"kinspect: warning: {message}\n"
+    return _python_formatwarning(message, category, filename, lineno, line)
+
+
+_python_formatwarning = warnings.formatwarning
+
+
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it."""
+    import select
+
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & select.POLLERR for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - no real stdout
+        return False
+
+
+def _quiet_broken_pipe() -> None:
+    """stdout's reader went away (``kinspect show ... | head``): point stdout at
+    /dev/null so the interpreter's final flush does not report the broken pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError, AttributeError):  # pragma: no cover - no real stdout
+        pass
+
+
+def _os_error_text(e: OSError) -> str:
+    """``FILE: reason`` (``x.json: Is a directory``), not ``[Errno 21] Is a directory:
+    'x.json'``; other errors as they are."""
+    if e.strerror and e.filename:
+        return f"{e.filename}: {e.strerror}"
+    return e.strerror or str(e)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    warnings.formatwarning = _format_warning
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError as e:
+        if not _stdout_gone():  # a socket's broken pipe: an error like any other
+            print(f"kinspect: error: {e}", file=sys.stderr)
+            return 1
+        # quietly, with status 1: as the commands that print through rich (whose
+        # console does the same), and as Python's own advice for EPIPE
+        _quiet_broken_pipe()
+        return 1
     except KinspectError as e:
         print(f"kinspect: error: {e}", file=sys.stderr)
         return 1
     except OSError as e:  # e.g. a listen port in use, a file that cannot be read
-        print(f"kinspect: error: {e}", file=sys.stderr)
+        print(f"kinspect: error: {_os_error_text(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -238,13 +238,23 @@ class MatrixReport:
         title = (f"tolerance matrix {self.config.bootstrap[0]}:{self.config.bootstrap[1]}: "
                  f"{sum(s.values())} variants, {s['tolerated']} tolerated")
         t = Table(title=title, caption=LEGEND, caption_justify="left")
-        t.add_column("api", no_wrap=True)
-        t.add_column("versions", justify="right", no_wrap=True)
-        t.add_column("place", no_wrap=True)
-        t.add_column("base", justify="center")
+        rows = self.rows()
+
+        def widest(key: str, header: str) -> int:
+            return max([len(header)] + [len(r[key]) for r in rows])
+
+        # on a narrow terminal (80 columns, or a pipe) the tag columns' titles wrap
+        # ("tag above" / "known") and long places fold: names and outcomes stay whole
+        # (rich squeezed the base column to nothing, then cut api names and places)
+        t.add_column("api", no_wrap=True, min_width=widest("api", "api"))
+        t.add_column("versions", justify="right", no_wrap=True,
+                     min_width=widest("versions", "versions"))
+        t.add_column("place", overflow="fold", min_width=min(widest("place", "place"), 12))
+        t.add_column("base", justify="center", no_wrap=True, min_width=4)
         for kind in self.config.tag_kinds:
-            t.add_column(f"tag {TAG_TITLES[kind]}\n{sizes}", justify="left", no_wrap=True)
-        for r in self.rows():
+            t.add_column(f"tag {TAG_TITLES[kind]}\n{sizes}", justify="left",
+                         min_width=len(sizes))
+        for r in rows:
             t.add_row(r["api"], r["versions"], r["place"], _style(r["baseline"]),
                       *(" ".join(_style(x) for x in r["cells"][k]) for k in self.config.tag_kinds))
         return t

@@ -43,6 +43,10 @@ RENDER_AT_ONCE = 64 << 10
 
 log = logging.getLogger("kinspect.tui")
 
+#: columns of the live view shrunk first when the terminal is too narrow for every
+#: column (then the others but the api column, then that one too)
+_SHRINK_FIRST = ("records", "client_id", "flags", "error")
+
 
 def human_bytes(n: float | None) -> str:
     if n is None:
@@ -57,10 +61,13 @@ def human_bytes(n: float | None) -> str:
 def flow_line(flow: Flow, topic_ids: TopicIds | None = None) -> str:
     """One log line per flow (``--no-tui``), with the live view's columns."""
     r = flow_row(flow, topic_ids, quick=True)
+    answered = flow.response is not None
     line = (f"{r['time']} #{r['id']} conn={r['conn']} client={r['client_id'] or '-'} {r['api']} "
-            f"corr={r['corr'] or '-'} req={r['req_bytes'] or '-'}B "
-            f"resp={r['resp_bytes'] or '-'}B latency={r['latency'] or '-'}ms "
-            f"err={r['error'] or 0}")
+            f"corr={r['corr'] or '-'} req={_unit(r['req_bytes'], 'B')} "
+            f"resp={_unit(r['resp_bytes'], 'B')} latency={_unit(r['latency'], 'ms')} "
+            # no response (acks=0, a closed connection, an unpaired response): no error
+            # code to show, not 0 (which says the broker answered without an error)
+            f"err={(r['error'] or 0) if answered else '-'}")
     if r["records"]:
         line += f" records={r['records']}"
     if r["flags"]:
@@ -68,6 +75,11 @@ def flow_line(flow: Flow, topic_ids: TopicIds | None = None) -> str:
     if flow.error:
         line += f" ({flow.error})"
     return line
+
+
+def _unit(value: str, unit: str) -> str:
+    """``value`` with its unit (``12B``), or ``-`` (not ``-B``) when there is none."""
+    return f"{value}{unit}" if value else "-"
 
 
 class _Rate:
@@ -250,11 +262,18 @@ class LiveView:
         cells = [[row[k] or "" for k, _, _ in COLUMNS] for row, _ in shown]
         widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
         over = sum(widths) + len(widths) - 1 - self.console.size.width
-        while over > 0 and max(widths) > 3:  # shrink the widest columns first
-            j = widths.index(max(widths))
-            cut = min(over, widths[j] - 3)
-            widths[j] -= cut
-            over -= cut
+        # shrink the widest columns first: the secondary ones (records, client id,
+        # flags, error), then the others, the api column last, so that a narrow
+        # terminal still shows which api each row is ("Produce v9", not "Pr…")
+        keys = [k for k, _, _ in COLUMNS]
+        for group in ([keys.index(k) for k in _SHRINK_FIRST if k in keys],
+                      [j for j, k in enumerate(keys) if k != "api"],
+                      list(range(len(widths)))):
+            while over > 0 and group and max(widths[j] for j in group) > 3:
+                j = max(group, key=lambda i: widths[i])
+                cut = min(over, widths[j] - 3)
+                widths[j] -= cut
+                over -= cut
 
         def line(values: list[str]) -> str:
             out = []

@@ -351,3 +351,28 @@ def test_jsonl_conn_must_be_an_integer_as_in_captures(tmp_path, capsys, conn):
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert "'conn' must be an integer" in out[0]["error"]["error"]
     assert [x["decoded"]["api"] for x in out[1:]] == ["Metadata", "Metadata"]
+
+
+def test_input_errors_are_plain_messages_without_python_class_names(tmp_path, capsys):
+    """A missing file, a directory, bad hex: ``kinspect: error: WHAT`` naming the file,
+    not a Python exception class (FileNotFoundError, IsADirectoryError, InputError)."""
+    (tmp_path / "bad.hex").write_text("zz\n")
+    cases = [[str(tmp_path / "missing.bin")], [str(tmp_path)],
+             [str(tmp_path / "bad.hex"), "--hex"]]
+    for argv in cases:
+        assert main(["decode", *argv]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("kinspect: error: ") and argv[0] in err, err
+        assert not any(name in err for name in ("FileNotFoundError", "IsADirectoryError",
+                                                "InputError", "Errno")), err
+
+
+def test_api_version_without_api_key_is_refused_not_ignored(tmp_path, capsys):
+    """``--api-version`` types a response together with ``--api-key``; given alone it
+    would silently decode the frame as a request, so it is an error."""
+    req, _ = _metadata_pair()
+    f = tmp_path / "req.bin"
+    f.write_bytes(req)
+    assert main(["decode", str(f), "--api-version", "12"]) == 1
+    captured = capsys.readouterr()
+    assert "--api-key" in captured.err and not captured.out

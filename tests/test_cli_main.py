@@ -166,3 +166,118 @@ def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, t
     flows = load_capture(capture).flows
     assert [(f.api_name, f.correlation_id, f.response is not None) for f in flows] == [
         ("Metadata", 5, True)]
+
+
+EXAMPLE = __import__("pathlib").Path(__file__).resolve().parents[1] / "captures" / "example.jsonl"
+
+
+def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """``kinspect decode --jsonl big.jsonl | head -1``: once the reader is gone, the
+    command stops without a traceback or a "Broken pipe" error message."""
+    lines = EXAMPLE.read_text().splitlines()
+    big = tmp_path / "big.jsonl"
+    big.write_text("\n".join(lines[:1] + lines[1:] * 40) + "\n")  # well over a pipe buffer
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "decode", "--jsonl", str(big)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    assert proc.stdout.read(100)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) != 0  # it did not finish its job
+    assert "Traceback" not in err and "Broken pipe" not in err and "Errno 32" not in err, err
+
+
+def test_a_torn_last_line_is_one_warning_line_not_a_python_warning(tmp_path):
+    """A capture cut in the middle of its last line (its writer killed) is shown
+    with one ``kinspect: warning:`` line, not Python's warning format with the
+    source file, line number and code line of kinspect's reader."""
+    torn = tmp_path / "torn.jsonl"
+    text = EXAMPLE.read_text()
+    torn.write_text(text[:len(text) - 40])
+    proc = run("show", str(torn))
+    assert proc.returncode == 0, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("kinspect: warning: "), proc.stderr
+    assert "torn last line" in err[0] and ".py:" not in proc.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["show", str(EXAMPLE), "--bytes-limit", "-5"],
+    ["proxy", "--upstream", "127.0.0.1:1", "--max-frame", "-1"],
+    ["proxy", "--upstream", "127.0.0.1:1", "--max-frame", "0"],
+    ["demo", "--rounds", "0"],
+    ["demo", "--messages", "-3"],
+    ["demo", "--interval", "-1"],
+    ["demo", "--duration", "-2"],
+    ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--timeout", "-1"],
+    ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--timeout", "nan"],
+    ["tolerate", "--bootstrap", "127.0.0.1:1", "--timeout", "-1"],
+    ["tolerate", "--bootstrap", "127.0.0.1:1", "--max-cells", "0"],
+    ["tolerate", "--bootstrap", "127.0.0.1:1", "--budget", "-5"],
+])
+def test_out_of_range_numbers_are_usage_errors(argv, capsys):
+    """A negative size, timeout or count is refused by the parser (status 2, naming
+    the option) before anything starts, instead of being taken (a proxy refusing
+    every frame, a demo that never stops, every replayed flow failing) or ending in
+    a traceback (tolerate's socket timeout)."""
+    from kinspect.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:  # (parsing only: nothing is started)
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    option = next(a for a in argv if a.startswith("--") and a not in ("--upstream",
+                                                                      "--bootstrap"))
+    assert f"argument {option}" in err and "Traceback" not in err, err
+
+
+def test_max_frame_takes_a_size_with_a_suffix():
+    from kinspect.cli import build_parser
+
+    args = build_parser().parse_args(["proxy", "--upstream", "127.0.0.1:1", "--max-frame", "1MiB"])
+    assert args.max_frame == 1 << 20
+
+
+def test_replay_checks_its_report_path_before_replaying(tmp_path):
+    """``--report DIR`` (or a file in a missing directory) fails before any request
+    is sent, not after the whole replay has run against the broker."""
+    for report in (tmp_path, tmp_path / "missing" / "r.json"):
+        proc = run("replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--as-fast-as-possible",
+                   "--report", str(report))
+        assert proc.returncode == 1
+        assert str(report) in proc.stderr and "cannot connect" not in proc.stdout + proc.stderr
+        assert "Errno" not in proc.stderr, proc.stderr
+
+
+def test_a_listen_address_in_use_is_named_in_the_error():
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = run("proxy", "--upstream", "127.0.0.1:1", "--listen", f"127.0.0.1:{port}",
+                   "--no-tui", timeout=60)
+    assert proc.returncode == 1
+    assert f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_specs_in_a_pipe_keeps_paths_whole():
+    """Piped (grep, less, a file), ``kinspect specs`` writes each spec source path on
+    its line, whole: not broken across lines or cut with an ellipsis at 80 columns."""
+    proc = run("specs")
+    assert proc.returncode == 0, proc.stderr
+    sources = json.loads(run("specs", "--format", "json").stdout)["sources"]
+    lines = proc.stdout.splitlines()
+    for s in sources:
+        assert any(line.rstrip().endswith(s["path"]) and s["origin"] in line for line in lines), \
+            proc.stdout[:2000]
+    assert any("ProduceRequest.json" in line for line in lines)
+
+
+@pytest.mark.parametrize("command", [["show"], ["replay", "--upstream", "127.0.0.1:1"]])
+def test_a_capture_on_stdin_is_refused_with_the_reason(command):
+    """``zcat cap.jsonl.gz | kinspect show -``: refused as a usage error saying a
+    capture is read from a file, not "-: no such file"."""
+    proc = subprocess.run([sys.executable, "-m", "kinspect", command[0], "-", *command[1:]],
+                          input=EXAMPLE.read_text(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "stdin" in proc.stderr and "no such file" not in proc.stderr, proc.stderr

@@ -207,3 +207,36 @@ def test_noida_reads_tag_of_a_later_fetch_version(noida):
     assert part12 == {0: "disconnect", LARGE_TAG: "tolerated"}
     header12 = {c.outcome for c in report.cells if c.version == 12 and c.place == "header"}
     assert header12 == {"tolerated"}
+
+
+def test_matrix_table_keeps_the_baseline_column_on_an_80_column_terminal():
+    """The table's ``base`` column (the baseline answer) is shown on an 80-column
+    terminal, or in a pipe (rich's default width), not squeezed to nothing."""
+    import io
+
+    from rich.console import Console
+
+    from kinspect.tolerate import Cell, MatrixConfig, MatrixReport
+
+    cfg = MatrixConfig(bootstrap=("127.0.0.1", 9092), payload_sizes=(0, 1))
+    cells = [Cell("ApiVersions", 18, 3, "baseline", None, None, 0, "tolerated")]
+    cells += [Cell("ApiVersions", 18, 3, place, kind, 99, n, "tolerated")
+              for place in ("header", "top") for kind in cfg.tag_kinds for n in (0, 1)]
+    report = MatrixReport(cfg, {}, cells=cells)
+    console = Console(file=io.StringIO(), width=80, force_terminal=False)
+    console.print(report.table())
+    screen = console.file.getvalue()
+    assert "base" in screen.splitlines()[3] or any("base" in x for x in screen.splitlines()[:5])
+    row = next(x for x in screen.splitlines() if "ApiVersions" in x and "header" in x)
+    # the baseline's ✓ plus 3 tag kinds x 2 payloads
+    assert row.count("✓") == 1 + 3 * 2, screen
+
+
+def test_unknown_api_names_are_an_error_before_anything_is_sent(capsys):
+    """``--apis Bogus``: no spec defines it, so nothing would be tested; that is an
+    error naming it (exit 1), not a run of 0 requests that exits 0."""
+    code = main(["tolerate", "--bootstrap", f"127.0.0.1:{free_port()}", "--apis",
+                 "Metadata,Bogus"])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "Bogus" in err and "cannot connect" not in err, err

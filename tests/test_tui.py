@@ -270,3 +270,45 @@ def test_names_from_the_wire_reach_the_screen_escaped():
     assert produce.request_decoded is not None
     records = flow_row(produce)["records"]
     assert records.startswith("t\\x1b]0;owned\\x07[0] 1 rec") and "\x1b" not in records
+
+
+def test_a_narrow_live_view_keeps_the_api_column_readable():
+    """Too narrow for every column, the live view shrinks the secondary columns
+    (records, client id, flags, error) before the api column: a 70-column terminal
+    still tells a Produce from a Fetch."""
+    flows = _flows(3, value_size=10)
+    for f in flows:
+        f.client_id = "a-rather-long-client-id"
+        f.flags.add("rewritten")
+    console = Console(file=io.StringIO(), width=70, height=20, force_terminal=True)
+    view = LiveView(object(), console=console, keep=10)
+    for f in flows:
+        view.on_flow(f)
+    table = view.table(10)
+    assert all(len(text) <= 70 for text, _ in table.lines)
+    for (text, _), f in zip(table.lines[1:], flows, strict=True):
+        assert f"{f.api_name} v{f.api_version}" in text, text
+
+
+def test_line_printer_shows_no_error_code_for_a_flow_without_response():
+    """A request that got no response (its connection closed first) has no error
+    code: the line says ``err=-``, not ``err=0`` (an answer without error), and its
+    missing sizes and latency are ``-``, not ``-B`` / ``-ms``."""
+    from kinspect.proxy.tracker import FlowTracker
+    from proxyutil import codec, request_bytes
+
+    t = FlowTracker(codec(), 1, "127.0.0.1:1", "127.0.0.1:2", lambda: 1)
+    t.request(request_bytes(18, 3, 7, ClientSoftwareName="x", ClientSoftwareVersion="1"), 0)
+    out = io.StringIO()
+    printer = LinePrinter(out)
+    for flow in t.close():
+        printer.on_flow(flow)
+    line = out.getvalue().strip()
+    assert "closed" in line, line
+    fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+    assert fields["err"] == "-" and fields["resp"] == "-" and fields["latency"] == "-", line
+    answered = _flows(1)[0]
+    out = io.StringIO()
+    LinePrinter(out).on_flow(answered)
+    fields = dict(w.split("=", 1) for w in out.getvalue().split() if "=" in w)
+    assert fields["err"] == "0" and fields["resp"].endswith("B") and fields["resp"] != "-B"

@@ -31,3 +31,60 @@ def hostport(text: str) -> tuple[str, int]:
         return parse_hostport(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _number(kind: type, text: str, minimum: float, what: str):
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+    if value != value or value < minimum or value == float("inf"):  # (NaN, inf too)
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number of seconds (or a factor) above 0."""
+    value = _number(float, text, 0, "a number above 0")
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number above 0, got {text!r}")
+    return value
+
+
+def nonnegative_float(text: str) -> float:
+    """argparse type: a number, 0 or more."""
+    return _number(float, text, 0, "a number, 0 or more")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number, 1 or more."""
+    return _number(int, text, 1, "a whole number, 1 or more")
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: a whole number, 0 or more."""
+    return _number(int, text, 0, "a whole number, 0 or more")
+
+
+def positive_size(text: str) -> int:
+    """argparse type: a byte size above 0 (``1048576``, ``64K``, ``1MiB``, ``1G``)."""
+    from ..units import parse_size
+
+    try:
+        value = parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a size above 0, got {text!r}")
+    return value
+
+
+def capture_path(text: str) -> str:
+    """argparse type for a CAPTURE argument: a file name; ``-`` (stdin) is refused
+    with the reason (a capture is read more than once, rotated parts are found next
+    to it), not reported as a missing file named "-"."""
+    if text == "-":
+        raise argparse.ArgumentTypeError(
+            "a capture is read from a file, not from stdin: save it first (a .jsonl.gz "
+            "is read as it is, no need to gunzip it)")
+    return text

@@ -287,7 +287,9 @@ def _error_text(e: Exception) -> str:
         if e.offset is not None:
             where.append(f"offset {e.offset}")
         return f"decode error: {e}" + (f" [{', '.join(where)}]" if where else "")
-    return f"{type(e).__name__}: {e}"
+    if isinstance(e, OSError) and e.strerror:  # "x.bin: No such file or directory"
+        return f"error: {e.filename}: {e.strerror}" if e.filename else f"error: {e.strerror}"
+    return f"error: {e}"  # (not the exception's class name: InputError, IsADirectoryError...)
 
 
 def run_decode(args: argparse.Namespace) -> int:
@@ -297,6 +299,9 @@ def run_decode(args: argparse.Namespace) -> int:
     if args.jsonl:
         return _decode_jsonl(codec, args)
     try:
+        if args.api_version is not None and args.api_key is None and args.request is None:
+            # (it would be ignored: a request frame carries its own version)
+            raise InputError("--api-version types a response: give --api-key with it")
         frame = read_frame(args.file, args)
         response = args.response or args.api_key is not None or args.request is not None
         if response:

@@ -10,7 +10,8 @@ import sys
 import threading
 from typing import Any
 
-from . import add_spec_options, hostport, make_codec
+from . import (add_spec_options, hostport, make_codec, nonnegative_float, positive_float,
+               positive_int, positive_size)
 
 log = logging.getLogger("kinspect")
 
@@ -23,8 +24,9 @@ def _add_view_options(p: argparse.ArgumentParser) -> None:
                    help="forward and count only; do not decode bodies")
     p.add_argument("--filter", metavar="EXPR", default=None,
                    help="show only flows matching a filter expression, e.g. '~api Produce | ~err'")
-    p.add_argument("--max-frame", type=int, default=100 * 1024 * 1024, metavar="BYTES",
-                   help="largest frame accepted (default 100 MiB, like socket.request.max.bytes)")
+    p.add_argument("--max-frame", type=positive_size, default=100 * 1024 * 1024, metavar="BYTES",
+                   help="largest frame accepted (default 100 MiB, like socket.request.max.bytes; "
+                        "suffixes K, M, G)")
     p.add_argument("--advertise-host", default=None, metavar="HOST",
                    help="host written into rewritten broker addresses (default: the listen "
                         "host, or 127.0.0.1 for a wildcard listen address)")
@@ -62,13 +64,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "in a group) through it. Stops everything on exit.")
     d.add_argument("--listen", default=("127.0.0.1", 0), metavar="HOST:PORT", type=hostport,
                    help="proxy listen address (default: a free loopback port)")
-    d.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    d.add_argument("--duration", type=positive_float, default=None, metavar="SECONDS",
                    help="stop after this long (default: run until Ctrl-C)")
-    d.add_argument("--rounds", type=int, default=None, metavar="N",
+    d.add_argument("--rounds", type=positive_int, default=None, metavar="N",
                    help="stop after N produce/consume rounds")
-    d.add_argument("--messages", type=int, default=10, metavar="N",
+    d.add_argument("--messages", type=positive_int, default=10, metavar="N",
                    help="messages per round (default 10)")
-    d.add_argument("--interval", type=float, default=1.0, metavar="SECONDS",
+    d.add_argument("--interval", type=nonnegative_float, default=1.0, metavar="SECONDS",
                    help="pause between rounds (default 1 s)")
     _add_view_options(d)
     d.set_defaults(func=run_demo)
@@ -116,7 +118,11 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
     err_console = Console(stderr=True)
     view = _view(args, proxy, title)
     ruleset = install_rules(args, proxy, codec, err_console)
-    proxy.bind()
+    try:
+        proxy.bind()
+    except OSError as e:  # name the address: "[Errno 98] Address already in use" alone does not
+        host, port = proxy.config.listen
+        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     try:
         capture = capture_addon_from_args(args, proxy.config, codec)
         if capture is not None:

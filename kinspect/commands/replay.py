@@ -26,14 +26,14 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, hostport, make_codec
+from . import add_spec_options, capture_path, hostport, make_codec, positive_float
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="send a capture to a broker again and compare the "
                                       "responses with the recorded ones",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("capture", metavar="CAPTURE", help="capture file (.jsonl or .jsonl.gz)")
+    p.add_argument("capture", metavar="CAPTURE", type=capture_path, help="capture file (.jsonl or .jsonl.gz)")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", type=hostport,
                    help="the broker every recorded connection is replayed against")
     p.add_argument("--filter", "-f", metavar="EXPR",
@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(config passwords, SCRAM credentials, token HMACs, SASL bytes), "
                         "with the redaction marker as the value; by default they are "
                         "skipped")
-    p.add_argument("--timeout", type=float, default=30.0, metavar="S",
+    p.add_argument("--timeout", type=positive_float, default=30.0, metavar="S",
                    help="seconds to wait for each response (default 30)")
     add_spec_options(p)
     p.set_defaults(func=run)
@@ -76,6 +76,8 @@ def run(args: argparse.Namespace) -> int:
         print("kinspect replay: --speed must be positive", file=sys.stderr)
         return 2
     flt = parse(args.filter) if args.filter else None
+    if args.report:
+        _check_writable(args.report)  # before the replay, not after it has run
     codec = make_codec(args)
     flows = load_flows(args.capture, codec)
     select = None
@@ -157,3 +159,18 @@ def print_summary(console, report, capture: str) -> None:
 
 def _nz(n: int, color: str) -> str:
     return f"[{color}]{n}[/]" if n else "0"
+
+
+def _check_writable(path: str) -> None:
+    """Raise :class:`OSError` now if ``path`` cannot be written later: a directory,
+    or in a directory that does not exist (the file itself is written at the end)."""
+    import errno
+    import os
+
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a report file", path)
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, "no such directory for the report", path)
+    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise PermissionError(errno.EACCES, "cannot write the report", path)

@@ -15,14 +15,14 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, make_codec
+from . import add_spec_options, capture_path, make_codec, nonnegative_int
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("show", help="print the flows of a capture file (table, or one flow "
                                     "decoded as a tree or JSON)",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("capture", metavar="CAPTURE",
+    p.add_argument("capture", metavar="CAPTURE", type=capture_path,
                    help="capture file (.jsonl or .jsonl.gz; rotated parts are followed)")
     p.add_argument("--filter", "-f", metavar="EXPR",
                    help="filter expression, e.g. '~api Produce & ~topic orders' "
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print flow N fully decoded (repeatable)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table/tree (default) or JSON")
-    p.add_argument("--bytes-limit", type=int, default=64, metavar="N",
+    p.add_argument("--bytes-limit", type=nonnegative_int, default=64, metavar="N",
                    help="show at most N characters of keys, values and bytes fields "
                         "(0: everything)")
     add_spec_options(p)

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from . import add_spec_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("specs", help="list APIs, valid/flexible versions and spec sources")
+    p = sub.add_parser("specs", help="list APIs, valid/flexible versions and spec sources",
+                       description="List the APIs the spec search path defines, their valid "
+                                   "and flexible versions and the spec file each came from.")
     add_spec_options(p)
     p.add_argument("--all", action="store_true",
                    help="also list header/data messages, not only request/response pairs")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="a table (default) or JSON with the full source paths")
     p.set_defaults(func=run)
 
 
@@ -43,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
                              "source": m.source} for m in others]
         print(json.dumps(out, indent=2))
         return 0
-    console = Console()
+    # a pipe or a file gets whole lines (rich's 80 columns broke the source paths across
+    # lines and cut the source column); a terminal its own width
+    console = Console() if sys.stdout.isatty() else Console(width=100_000, soft_wrap=True)
     console.print("[bold]Spec search path[/] (first wins):")
     for s in reg.sources:
         console.print(f"  {s.origin:>14}  {s.kind:7}  {s.path}", markup=False)

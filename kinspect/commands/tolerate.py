@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, hostport
+from . import add_spec_options, hostport, positive_float, positive_int
 
 EPILOG = """\
 Each cell sends one request, on a fresh connection, with one unknown tagged field
@@ -48,11 +48,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="create a scratch topic and add Produce, OffsetCommit and "
                         "InitProducerId (they write to the scratch topic and group)")
     p.add_argument("--json", metavar="OUT", help="write the JSON report here ('-' = stdout)")
-    p.add_argument("--timeout", type=float, default=2.0, metavar="S",
+    p.add_argument("--timeout", type=positive_float, default=2.0, metavar="S",
                    help="seconds to wait for each answer (default 2)")
-    p.add_argument("--max-cells", type=int, default=3000, metavar="N",
+    p.add_argument("--max-cells", type=positive_int, default=3000, metavar="N",
                    help="most requests to send, baselines included (default 3000)")
-    p.add_argument("--budget", type=float, default=45.0, metavar="S",
+    p.add_argument("--budget", type=positive_float, default=45.0, metavar="S",
                    help="start no request after this many seconds (default 45)")
     p.add_argument("--apis", metavar="LIST",
                    help="comma-separated api names instead of the default safe set")
@@ -87,8 +87,19 @@ def run(args: argparse.Namespace) -> int:
         apis=tuple(a.strip() for a in args.apis.split(",") if a.strip()) if args.apis else None,
         payload_sizes=sizes, tag_kinds=kinds)
     to_stdout = args.json == "-"
-    console = Console(stderr=to_stdout)
+    stream = sys.stderr if to_stdout else sys.stdout
+    # a pipe or a file gets the whole table (rich's 80 columns fold it), a terminal its width
+    console = Console(stderr=to_stdout, width=None if stream.isatty() else 200)
     codec = make_codec(args)
+    unknown = []
+    for name in cfg.apis or ():
+        try:
+            codec.registry.api_key(name)
+        except KeyError:
+            unknown.append(name)
+    if unknown:  # (a typo would otherwise test nothing, and say so only in passing)
+        raise KinspectError(f"--apis: no spec defines {', '.join(unknown)} "
+                            f"(api names as 'kinspect specs' lists them, e.g. Metadata)")
     count = 0
     with console.status("tolerance matrix: starting") as status:
         def progress(cell) -> None:
