@@ -616,3 +616,21 @@ def test_stats_and_table(codec):
     console = Console(record=True, width=200)
     console.print(rs.table())
     assert "inject Metadata:response:top:tag=9" in console.export_text()
+
+
+def test_the_client_side_recipe_in_the_help_is_one_shell_command_of_valid_rules():
+    import shlex
+
+    lines = FLAG_SYNTAX.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("kinspect proxy"))
+    end = start
+    while lines[end].rstrip().endswith("\\"):
+        end += 1
+    # as a shell reads it: a backslash at the end of a line continues the command
+    argv = shlex.split("\n".join(lines[start:end + 1]).replace("\\\n", " "))
+    injects = [argv[i + 1] for i, a in enumerate(argv) if a == "--inject"]
+    assert argv[:4] == ["kinspect", "proxy", "--upstream", "BROKER:9092"]
+    assert len(injects) == 4 and len(argv) == 4 + 2 * len(injects)
+    assert end - start == len(injects)  # one --inject per line, as printed
+    for text in injects:
+        assert parse_flag("inject", text).action == "inject"

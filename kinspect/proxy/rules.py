@@ -108,10 +108,10 @@ place defaults to "top"; name is an optional label; set writes a known tagged fi
 
 Client-side recipe (does your client skip unknown tagged fields?): inject them into
 responses and point the client at the proxy:
-  kinspect proxy --upstream BROKER:9092 \
-      --inject '*:response:header:tag=10000:size=16' \
-      --inject '*:response:top:tag=2147483647:size=1KiB' \
-      --inject 'Metadata:response:Topics[].Partitions[]:tag=10000:int32=7' \
+  kinspect proxy --upstream BROKER:9092 \\
+      --inject '*:response:header:tag=10000:size=16' \\
+      --inject '*:response:top:tag=2147483647:size=1KiB' \\
+      --inject 'Metadata:response:Topics[].Partitions[]:tag=10000:int32=7' \\
       --inject 'Fetch:response:Responses[].Partitions[]:tag=10000:hex=cafe'
 The counters (matched / applied / non-flexible) say whether the client met the tags:
 a client that only speaks non-flexible versions never sees a tag section."""
