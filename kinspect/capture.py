@@ -724,11 +724,13 @@ def _hostport(addr: Any) -> str:
 
 
 def capture_addon_from_args(args: argparse.Namespace, proxy_config: Any,
-                            codec: Codec) -> Any:
+                            codec: Codec, listen: tuple[str, int] | None = None) -> Any:
     """The capture addon the command-line options ask for, or ``None`` without
     ``--capture``: a :class:`~kinspect.capture_process.CaptureProcess` (the writing
     runs in a child process, off the event loop). Add it with
-    ``proxy.pipeline.add(writer)``; the pipeline closes it.
+    ``proxy.pipeline.add(writer)``; the pipeline closes it. ``listen``: the address
+    the proxy is bound to, for the session line (default: ``proxy_config.listen``,
+    whose port may be 0; see :meth:`~kinspect.proxy.server.Proxy.listen_address`).
 
     Raises:
         CaptureError: the capture file cannot be created.
@@ -742,7 +744,7 @@ def capture_addon_from_args(args: argparse.Namespace, proxy_config: Any,
     writer = CaptureProcess(
         path, codec,
         upstream=_hostport(getattr(proxy_config, "upstream", None)),
-        listen=_hostport(getattr(proxy_config, "listen", None)),
+        listen=_hostport(listen or getattr(proxy_config, "listen", None)),
         secrets=bool(getattr(args, "capture_secrets", False)),
         max_bytes=getattr(args, "capture_max_bytes", None),
     )

@@ -281,3 +281,29 @@ def test_a_capture_on_stdin_is_refused_with_the_reason(command):
                           input=EXAMPLE.read_text(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert "stdin" in proc.stderr and "no such file" not in proc.stderr, proc.stderr
+
+
+def test_the_capture_names_the_port_the_proxy_listens_on(tansu, tmp_path):
+    """--listen HOST:0: the session line of the capture gives the port the system
+    chose (the one clients connect to), not 0."""
+    import json
+    import signal
+
+    capture = tmp_path / "port.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
+                             tansu.bootstrap, "--listen", "127.0.0.1:0", "--no-tui",
+                             "--capture", str(capture)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stderr.readline()  # "kinspect: listening on HOST:PORT, forwarding to ..."
+        assert "listening on" in line, line
+        address = line.split("listening on ", 1)[1].split(",", 1)[0]
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+        proc.stderr.close()
+    session = json.loads(capture.read_text().splitlines()[0])
+    assert session["type"] == "session"
+    assert not address.endswith(":0")
+    assert session["listen"] == address

@@ -119,12 +119,12 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
     view = _view(args, proxy, title)
     ruleset = install_rules(args, proxy, codec, err_console)
     try:
-        proxy.bind()
+        listen = proxy.listen_address()
     except OSError as e:  # name the address: "[Errno 98] Address already in use" alone does not
         host, port = proxy.config.listen
         raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror or e}") from None
     try:
-        capture = capture_addon_from_args(args, proxy.config, codec)
+        capture = capture_addon_from_args(args, proxy.config, codec, listen)
         if capture is not None:
             proxy.pipeline.add(capture)
         proxy.pipeline.add(view)

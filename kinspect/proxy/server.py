@@ -546,6 +546,19 @@ class Proxy:
         if self._sock is None:
             self._sock = self._bind(self.config.listen[1])
 
+    def listen_address(self) -> tuple[str, int]:
+        """``(host, port)`` the bootstrap listener is bound to: the configured host
+        and the port actually bound (the one the system chose for port 0). Binds
+        first (:meth:`bind`).
+
+        Raises:
+            OSError: the listen address cannot be bound.
+        """
+        self.bind()
+        if self._sock is not None:
+            return self.config.listen[0], self._sock.getsockname()[1]
+        return self.config.listen[0], self.bootstrap.port
+
     async def start(self) -> "Proxy":
         self.bind()
         sock, self._sock = self._sock, None
