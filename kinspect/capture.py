@@ -802,6 +802,9 @@ def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
         try:  # a last line without newline is kept when it is a whole JSON object
             rec = _parse(prev, path, lineno, last=True)
         except CaptureError as e:
+            if lineno == 1:  # nothing else in the file: not a torn capture
+                raise CaptureError("not a kinspect capture: its only line is not a JSON "
+                                   "object", path, lineno) from None
             warnings.warn(f"{e}; torn last line skipped ({len(prev)} bytes)", CaptureWarning,
                           stacklevel=3)
             return
@@ -861,7 +864,8 @@ def read_capture(path: str | os.PathLike, *, parts: bool = True) -> Iterator[dic
 
     Raises:
         CaptureError: missing file, a line other than the last that is not a JSON
-            object, or a frame/conn line with an id that is not an integer.
+            object (or a file whose only line is not one: no capture), or a
+            frame/conn line with an id that is not an integer.
     """
     files = capture_parts(path) if parts else [Path(path)]
     start = None

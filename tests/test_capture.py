@@ -209,6 +209,19 @@ def test_torn_last_line_is_skipped_with_a_warning(tmp_path):
     assert [f.id for f in cap.flows] == [1, 2, 3] and cap.flows[-1].response is None
 
 
+@pytest.mark.parametrize("text", [b"hello world\n", b"not json", b'["a list"]\n'])
+def test_a_file_whose_only_line_is_not_a_json_object_is_no_capture(tmp_path, text):
+    """A lone torn line is what a crash leaves of a capture's last line, never of
+    a whole file: a file with nothing else is not a capture (an error, not a
+    warning and zero flows)."""
+    path = tmp_path / "notes.txt"
+    path.write_bytes(text)
+    with pytest.raises(CaptureError, match="not a kinspect capture"):
+        list(read_capture(path))
+    with pytest.raises(CaptureError, match="not a kinspect capture"):
+        load_capture(path, CODEC)
+
+
 def test_whole_last_line_without_newline_is_kept(tmp_path, recwarn):
     path = tmp_path / "cap.jsonl"
     write_flows(path, metadata_flows(2))
