@@ -197,7 +197,7 @@ def _batch_lines() -> list[dict]:
 @pytest.mark.parametrize("gz", [False, True])
 def test_jsonl_decode_then_encode_reproduces_the_lines(tmp_path, capsys, gz):
     lines = _batch_lines()
-    text = "".join(json.dumps(x) + "\n" for x in lines)
+    text = "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines)  # as captured
     src = tmp_path / ("in.jsonl.gz" if gz else "in.jsonl")
     if gz:
         src.write_bytes(gzip.compress(text.encode()))
@@ -237,6 +237,7 @@ def test_jsonl_decode_then_encode_reproduces_a_real_capture(tmp_path, capsys):
     assert main(["encode", "--jsonl", str(dec), "-o", str(enc)]) == 0
     assert "0 errors" in capsys.readouterr().err
     assert [json.loads(x) for x in enc.read_text().splitlines()] == lines
+    assert enc.read_bytes() == src.read_bytes()  # the very same lines
     decoded = [json.loads(x) for x in dec.read_text().splitlines()]
     present = [d["decoded"]["body"]["_present_tags"] for d in decoded
                if d.get("decoded", {}).get("api") == "ApiVersions"
@@ -254,7 +255,7 @@ def test_present_tags_in_a_dict_are_checked():
 
 def test_jsonl_on_stdin_and_stdout():
     lines = _batch_lines()[1:5]
-    text = "".join(json.dumps(x) + "\n" for x in lines).encode()
+    text = "".join(json.dumps(x, separators=(",", ":")) + "\n" for x in lines).encode()
     proc = run_cli("decode", "--jsonl", "-", stdin=text)
     assert proc.returncode == 0, proc.stderr
     decoded = proc.stdout.decode().splitlines()

@@ -382,6 +382,8 @@ def _json_line(line: str, lineno: int, out: Any) -> Any:
 
 
 _PASS, _DONE, _FAILED = range(3)
+#: JSON separators of capture lines (no spaces), so encode gives back a capture's lines
+_COMPACT = (",", ":")
 
 
 def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
@@ -403,13 +405,14 @@ def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
             result, status = convert(rec)
             n += status != _PASS
             errors += status == _FAILED
-            out.write(json.dumps(result) + "\n")
+            out.write(json.dumps(result, separators=_COMPACT) + "\n")
     finally:
         if out is not sys.stdout:
             out.close()
         else:
             out.flush()
-    print(f"kinspect {verb}: {n} frames, {errors} errors", file=sys.stderr)
+    print(f"kinspect {verb}: {n} frame{'' if n == 1 else 's'}, "
+          f"{errors} error{'' if errors == 1 else 's'}", file=sys.stderr)
     return 0
 
 
