@@ -225,7 +225,9 @@ def run_demo(args: argparse.Namespace) -> int:
             proxy_stop.set()
             await server
             if result is not None:
-                print(f"kinspect demo: {result}", file=sys.stderr)
+                print(f"kinspect demo: {result.produced} messages produced, "
+                      f"{result.consumed} consumed, in {result.rounds} "
+                      f"round{'' if result.rounds == 1 else 's'}", file=sys.stderr)
 
         asyncio.run(main())
     print("kinspect demo: broker stopped.", file=sys.stderr)
