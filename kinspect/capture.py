@@ -96,8 +96,15 @@ from typing import Any, Iterable, Iterator
 from . import __version__
 from .codec import Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
-from .flows import (CLOSED, NO_RESPONSE, REDACTED, REDACTED_REQUEST, SASL_TOKEN, UNPAIRED,
-                    Flow)
+from .flows import (
+    CLOSED,
+    NO_RESPONSE,
+    REDACTED,
+    REDACTED_REQUEST,
+    SASL_TOKEN,
+    UNPAIRED,
+    Flow,
+)
 from .pagecache import DirectAppender, DropBehind
 from .units import parse_size
 

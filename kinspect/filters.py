@@ -67,8 +67,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator
 
 from .codec import KinspectError
-from .flows import (CLOSED, MUTATED, NO_RESPONSE, REWRITTEN, SASL_TOKEN, UNDECODED, UNPAIRED,
-                    Flow, has_correlation_id)
+from .flows import (
+    CLOSED,
+    MUTATED,
+    NO_RESPONSE,
+    REWRITTEN,
+    SASL_TOKEN,
+    UNDECODED,
+    UNPAIRED,
+    Flow,
+    has_correlation_id,
+)
 
 __all__ = ["FilterError", "Filter", "parse", "TopicIds", "flow_topics", "error_codes",
            "TERMS"]

@@ -47,7 +47,13 @@ from .codec.records import decode_records
 from .codec.values import Struct
 from .flows import SASL_TOKEN, UNPAIRED, Flow
 from .proxy.rewrite import AddressRewriter
-from .replay import DEFAULT_IGNORE, IgnoreRules, diff_structs, error_name, expects_response
+from .replay import (
+    DEFAULT_IGNORE,
+    IgnoreRules,
+    diff_structs,
+    error_name,
+    expects_response,
+)
 
 log = logging.getLogger("kinspect.serve")
 

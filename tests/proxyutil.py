@@ -110,6 +110,7 @@ async def record_session(path, broker, values, topic, group, client: str = "kafk
     """Run ``client``'s produce/consume round trip through the real proxy in front of
     ``broker``, capturing every frame to ``path``; return what the client consumed."""
     from clients import roundtrip_async
+
     from kinspect.capture import CaptureWriter
 
     async with running_proxy(broker.bootstrap) as (proxy, _):

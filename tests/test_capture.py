@@ -23,10 +23,20 @@ import pytest
 
 from kinspect import cli
 from kinspect.brokers import TansuBroker
-from kinspect.capture import (REDACTION_MARKER, CaptureError, CaptureWarning, CaptureWriter,
-                              add_capture_options, capture_addon_from_args, flows_from_records,
-                              load_capture, part_path, read_capture, redact_frame,
-                              redaction_marker)
+from kinspect.capture import (
+    REDACTION_MARKER,
+    CaptureError,
+    CaptureWarning,
+    CaptureWriter,
+    add_capture_options,
+    capture_addon_from_args,
+    flows_from_records,
+    load_capture,
+    part_path,
+    read_capture,
+    redact_frame,
+    redaction_marker,
+)
 from kinspect.capture_process import CaptureProcess
 from kinspect.codec import Codec
 from kinspect.codec.protocol import Request, Response

@@ -67,8 +67,9 @@ def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
     import signal
     import time
 
-    from kinspect.brokers import free_port
     from proxyutil import exchange_sync, request_bytes
+
+    from kinspect.brokers import free_port
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
@@ -134,9 +135,10 @@ def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, t
     import signal
     import time
 
+    from proxyutil import exchange_sync, request_bytes
+
     from kinspect.brokers import free_port
     from kinspect.capture import load_capture
-    from proxyutil import exchange_sync, request_bytes
 
     port = free_port()
     capture = tmp_path / "killed.jsonl"
@@ -307,3 +309,16 @@ def test_the_capture_names_the_port_the_proxy_listens_on(tansu, tmp_path):
     assert session["type"] == "session"
     assert not address.endswith(":0")
     assert session["listen"] == address
+
+
+@pytest.mark.parametrize("command", ["show", "decode", "encode", "export", "replay", "serve",
+                                     "proxy", "demo", "tolerate", "specs", "analyze"])
+def test_help_texts_carry_no_rest_markup(command, capsys):
+    """--help is read in a terminal: no reST literals (``x``) or block markers (::)."""
+    from kinspect.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main([command, "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "``" not in out and not any(line.rstrip().endswith("::") for line in out.splitlines())

@@ -93,9 +93,10 @@ def test_strings_are_still_at_most_32767_bytes_with_invalid_utf8():
 def test_request_with_invalid_utf8_client_id_decodes_and_renders(tmp_path):
     """A request whose ClientId is not UTF-8 (brokers accept it) decodes, renders
     in the tree and JSON views and re-encodes byte for byte."""
+    from rich.console import Console
+
     from kinspect.codec import Codec
     from kinspect.commands.decode import _tree, message_to_dict
-    from rich.console import Console
 
     codec = Codec()
     body = codec.registry.codec("ApiVersionsRequest").encode(

@@ -11,14 +11,21 @@ import json
 import os
 
 import pytest
-
 from clients import roundtrip_async
+from proxyutil import (
+    bootstrap_of,
+    codec,
+    exchange,
+    exchange_sync,
+    request_bytes,
+    running_proxy,
+)
+
 from kinspect.brokers import TansuBroker
 from kinspect.codec import Codec, DecodeError
 from kinspect.codec.values import struct_class
 from kinspect.flows import CLOSED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
 from kinspect.proxy.rewrite import AddressRewriter
-from proxyutil import bootstrap_of, codec, exchange, exchange_sync, request_bytes, running_proxy
 
 pytestmark = pytest.mark.asyncio
 

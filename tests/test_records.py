@@ -15,9 +15,17 @@ import zlib
 
 import cramjam
 import crc32c
+import kafka.codec as kafka_codec  # noqa: E402
+import lz4.frame  # noqa: E402
 import pytest
+import xxhash  # noqa: E402,F401 - kafka-python needs it for magic-0 lz4
+import zstandard  # noqa: E402
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kafka.record import MemoryRecords  # noqa: E402
+from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
+from kafka.record.legacy_records import LegacyRecordBatchBuilder  # noqa: E402
+from kafka.record.memory_records import MemoryRecordsBuilder  # noqa: E402
 
 from kinspect.codec.errors import DecodeError
 from kinspect.codec.records import (
@@ -31,15 +39,6 @@ from kinspect.codec.records import (
     scan_batches,
     summarize,
 )
-
-import kafka.codec as kafka_codec  # noqa: E402
-import lz4.frame  # noqa: E402
-import xxhash  # noqa: E402,F401 - kafka-python needs it for magic-0 lz4
-import zstandard  # noqa: E402
-from kafka.record import MemoryRecords  # noqa: E402
-from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
-from kafka.record.legacy_records import LegacyRecordBatchBuilder  # noqa: E402
-from kafka.record.memory_records import MemoryRecordsBuilder  # noqa: E402
 
 NONE, GZIP, SNAPPY, LZ4, ZSTD = 0, 1, 2, 3, 4
 CODEC_NAME = {NONE: "none", GZIP: "gzip", SNAPPY: "snappy", LZ4: "lz4", ZSTD: "zstd"}

@@ -18,8 +18,14 @@ from kinspect.brokers import TansuBroker
 from kinspect.capture import CaptureWriter, load_capture
 from kinspect.codec.records import decode_records
 from kinspect.proxy.server import Proxy, ProxyConfig
-from kinspect.replay import (DEFAULT_IGNORE, IdMapper, IgnoreRules, Replayer, diff_structs,
-                             load_flows)
+from kinspect.replay import (
+    DEFAULT_IGNORE,
+    IdMapper,
+    IgnoreRules,
+    Replayer,
+    diff_structs,
+    load_flows,
+)
 
 VALUES = [f"replay value {i}" for i in range(6)]
 TOPIC, GROUP = "replayed", "replayed-g"

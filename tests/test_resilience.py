@@ -25,10 +25,10 @@ import time
 from pathlib import Path
 
 import pytest
+from proxyutil import codec, request_bytes, running_proxy
 
 from kinspect.brokers import TansuBroker, free_port
 from kinspect.codec import frame
-from proxyutil import codec, request_bytes, running_proxy
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -2068,9 +2068,8 @@ async def test_request_headers_naming_any_api_version_do_not_grow_the_proxy(
     broker addresses; the pairs come from request headers, so a client naming a new
     version in every request makes it remember no more than the cap (here lowered
     to 20), and every request is still answered and paired."""
-    from kinspect.proxy import server
-
     from kinspect.codec import protocol
+    from kinspect.proxy import server
 
     monkeypatch.setattr(server, "_CACHE_MAX", 20)
     monkeypatch.setattr(protocol, "_CACHE_MAX", 20)

@@ -19,8 +19,7 @@ from pathlib import Path
 
 import pytest
 from clients import roundtrip, roundtrip_async
-from proxyutil import codec, exchange, request_bytes
-from proxyutil import record_session
+from proxyutil import codec, exchange, record_session, request_bytes
 
 from kinspect.brokers import TansuBroker, free_port
 from kinspect.codec.protocol import Request

@@ -22,8 +22,18 @@ from kinspect.codec import Codec
 from kinspect.codec.records import decode_records
 from kinspect.flows import MUTATED, Flow
 from kinspect.proxy.pipeline import decode_flow
-from kinspect.show import (COLUMNS, error_name, flow_json, flow_row, flow_summary, flow_table,
-                           flow_tree, frame_diff, records_fields, records_summary)
+from kinspect.show import (
+    COLUMNS,
+    error_name,
+    flow_json,
+    flow_row,
+    flow_summary,
+    flow_table,
+    flow_tree,
+    frame_diff,
+    records_fields,
+    records_summary,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "captures" / "example.jsonl"
@@ -390,11 +400,11 @@ def test_names_from_the_wire_are_neither_markup_nor_terminal_control(tmp_path):
     ``kinspect show``'s table and tree, ``kinspect analyze``'s summary and ``kinspect
     replay``'s: nothing raises, nothing reaches the terminal raw."""
     from kafka.record.memory_records import MemoryRecordsBuilder
+    from proxyutil import request_bytes
 
     from kinspect.analysis.summary import AnalysisResult
     from kinspect.analysis.summary import print_summary as analysis_summary
     from kinspect.commands.replay import print_summary as replay_summary
-    from proxyutil import request_bytes
 
     client, topic = "c[/]x[link=https://evil.example]l[/link]\x1b[2J", "t[/]\x1b]0;x\x07"
     td = CODEC.request_codec(0).spec.struct.field("TopicData").struct

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import pytest
 from clients import ClientFailed, roundtrip_async
+from proxyutil import Recorder
 
 from kinspect.codec import Codec
 from kinspect.flows import MUTATED, UNDECODED, UNPAIRED
 from kinspect.proxy.rules import RuleSet, parse_flag
 from kinspect.proxy.server import Proxy, ProxyConfig, parse_hostport
-from proxyutil import Recorder
 
 SCENARIOS = {
     "header": [

@@ -9,10 +9,11 @@ from __future__ import annotations
 import itertools
 import struct
 
+from proxyutil import codec, request_bytes
+
 from kinspect.codec.protocol import Response
 from kinspect.flows import CLOSED, NO_RESPONSE, SASL_TOKEN, UNDECODED, UNPAIRED
 from kinspect.proxy.tracker import FlowTracker
-from proxyutil import codec, request_bytes
 
 
 def tracker() -> FlowTracker:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import io
 import time
 
+from clients import roundtrip_async
+from proxyutil import bootstrap_of, running_proxy
 from rich.console import Console
 
-from clients import roundtrip_async
 from kinspect.filters import parse
 from kinspect.show import COLUMNS
 from kinspect.tui import LinePrinter, LiveView, _Rate
-from proxyutil import bootstrap_of, running_proxy
 
 
 async def test_live_view_and_line_printer_show_real_flows(tansu, unique):
@@ -47,10 +47,11 @@ def _flows(n: int, value_size: int = 10):
     paired by the proxy's tracker)."""
     import itertools
 
-    from kinspect.proxy.pipeline import decode_flow
-    from kinspect.proxy.tracker import FlowTracker
     from proxyutil import codec, request_bytes
     from test_tracker import response_bytes
+
+    from kinspect.proxy.pipeline import decode_flow
+    from kinspect.proxy.tracker import FlowTracker
 
     c = codec()
     ids = itertools.count(1)
@@ -252,10 +253,10 @@ def test_names_from_the_wire_reach_the_screen_escaped():
     assert "client=c\\x1b[2J\\x07" in out.getvalue() and "\x1b" not in out.getvalue()
     # a topic name, in the records column
     from kafka.record.memory_records import MemoryRecordsBuilder
+    from proxyutil import codec, request_bytes
 
     from kinspect.flows import Flow
     from kinspect.proxy.pipeline import decode_flow
-    from proxyutil import codec, request_bytes
 
     c = codec()
     td = c.request_codec(0).spec.struct.field("TopicData").struct
@@ -294,8 +295,9 @@ def test_line_printer_shows_no_error_code_for_a_flow_without_response():
     """A request that got no response (its connection closed first) has no error
     code: the line says ``err=-``, not ``err=0`` (an answer without error), and its
     missing sizes and latency are ``-``, not ``-B`` / ``-ms``."""
-    from kinspect.proxy.tracker import FlowTracker
     from proxyutil import codec, request_bytes
+
+    from kinspect.proxy.tracker import FlowTracker
 
     t = FlowTracker(codec(), 1, "127.0.0.1:1", "127.0.0.1:2", lambda: 1)
     t.request(request_bytes(18, 3, 7, ClientSoftwareName="x", ClientSoftwareVersion="1"), 0)

@@ -17,7 +17,13 @@ offset), :class:`EncodeError`, :class:`SpecError`, all :class:`KinspectError`.
 from .errors import DecodeError, EncodeError, KinspectError, SpecError
 from .frames import DEFAULT_MAX_FRAME, FrameSizeError, FrameSplitter, frame
 from .protocol import Codec, Request, Response
-from .registry import MessageCodec, SpecRegistry, SpecSource, default_registry, search_path
+from .registry import (
+    MessageCodec,
+    SpecRegistry,
+    SpecSource,
+    default_registry,
+    search_path,
+)
 from .spec import FieldSpec, MessageSpec, StructSpec
 from .values import Struct
 from .versions import Versions

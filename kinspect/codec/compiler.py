@@ -41,7 +41,7 @@ DecodeError.
 from __future__ import annotations
 
 import struct as _struct
-from typing import Any, Callable
+from typing import Any
 
 from .errors import DecodeError, EncodeError
 from .native import native_module

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import base64
 import re
-from dataclasses import dataclass, field as dc_field
+from dataclasses import dataclass
+from dataclasses import field as dc_field
 from typing import Any, Iterator
 
 from .errors import SpecError

@@ -6,6 +6,7 @@ Shared option helpers live here.
 from __future__ import annotations
 
 import argparse
+import re
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
@@ -14,6 +15,13 @@ def add_spec_options(p: argparse.ArgumentParser) -> None:
                    help="directory or jar/zip of Kafka JSON message specs, searched before "
                         "KINSPECT_SPECS, the project's specs/ and kafka-python's bundled set "
                         "(repeatable)")
+
+
+def plain_help(doc: str | None) -> str:
+    """A module docstring as ``--help`` text: reST literals (````x````) lose their
+    backquotes and a literal-block marker (``Examples::``) becomes one colon."""
+    text = (doc or "").replace("``", "")
+    return re.sub(r"::$", ":", text, flags=re.MULTILINE)
 
 
 def make_codec(args: argparse.Namespace):

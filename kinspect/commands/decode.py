@@ -44,14 +44,14 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from . import add_spec_options, make_codec
+from . import add_spec_options, make_codec, plain_help
 
 _SIZE = struct.Struct(">i")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("decode", help="decode one frame (or a JSONL batch) to JSON or a tree",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_spec_options(d)
     _input_options(d)
     d.add_argument("--format", choices=("json", "tree"), default="json",

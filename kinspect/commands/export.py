@@ -12,13 +12,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import add_spec_options, make_codec
+from . import add_spec_options, make_codec, plain_help
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write a capture as pcapng (synthesised TCP/IP packets "
                                       "on the real ports) for Wireshark and tshark",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("capture", metavar="CAPTURE", help="capture file (.jsonl or .jsonl.gz)")
     p.add_argument("--pcapng", metavar="OUT", required=True, help="pcapng file to write")
     p.add_argument("--filter", "-f", metavar="EXPR",

@@ -10,8 +10,15 @@ import sys
 import threading
 from typing import Any
 
-from . import (add_spec_options, hostport, make_codec, nonnegative_float, positive_float,
-               positive_int, positive_size)
+from . import (
+    add_spec_options,
+    hostport,
+    make_codec,
+    nonnegative_float,
+    positive_float,
+    positive_int,
+    positive_size,
+)
 
 log = logging.getLogger("kinspect")
 

@@ -26,13 +26,20 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, capture_path, hostport, make_codec, positive_float
+from . import (
+    add_spec_options,
+    capture_path,
+    hostport,
+    make_codec,
+    plain_help,
+    positive_float,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="send a capture to a broker again and compare the "
                                       "responses with the recorded ones",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("capture", metavar="CAPTURE", type=capture_path, help="capture file (.jsonl or .jsonl.gz)")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", type=hostport,
                    help="the broker every recorded connection is replayed against")
@@ -66,7 +73,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.markup import escape
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     from ..filters import TopicIds, parse
     from ..replay import DEFAULT_IGNORE, Replayer, load_flows, run_with_uvloop

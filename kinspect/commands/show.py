@@ -15,13 +15,13 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, capture_path, make_codec, nonnegative_int
+from . import add_spec_options, capture_path, make_codec, nonnegative_int, plain_help
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("show", help="print the flows of a capture file (table, or one flow "
                                     "decoded as a tree or JSON)",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("capture", metavar="CAPTURE", type=capture_path,
                    help="capture file (.jsonl or .jsonl.gz; rotated parts are followed)")
     p.add_argument("--filter", "-f", metavar="EXPR",
