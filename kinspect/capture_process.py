@@ -255,7 +255,15 @@ class CaptureProcess(CaptureHooks):
         on its own, with no event on this side to tell)."""
         if self._ring is None:
             return self._queued
-        return self._queued + self.ring_bytes - self._ring_room()
+        n = self._queued + self.ring_bytes - self._ring_room()
+        if n > self.pause_bytes >> 1 and not self._closed and not self._broken \
+                and self._proc.poll() is not None:
+            # the child died holding this much (the proxy is paused on it, or would
+            # be): with every header already in the pipe, no write is left to fail
+            # and say so, and the pipeline's re-check would wait on it for ever
+            self._fail(ChildProcessError(f"it exited with status {self._proc.returncode}"))
+            return self._queued
+        return n
 
     def _ring_room(self) -> int:
         """Bytes of the ring free now (the child's count is read until two reads
