@@ -48,7 +48,9 @@ Guarantees:
   whose headers were still queued (at most the last ``BATCH_DELAY`` seconds' or
   ``BATCH_BYTES``) and, before that, flows still in the pipeline's batch (see
   :class:`~kinspect.proxy.pipeline.Pipeline`: up to its ``delay``). The child runs
-  in its own session, so a Ctrl-C meant for the proxy does not cut it short.
+  in its own session, so a Ctrl-C meant for the proxy does not cut it short, and
+  ignores SIGTERM, SIGINT and SIGHUP, so neither does a stop signal sent to every
+  process of the proxy's service (it ends with its input; SIGKILL still ends it).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ import marshal
 import mmap
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -508,6 +511,12 @@ class _Conn:
 def _child(config: dict[str, Any]) -> int:
     from .heap import keep_frame_memory
 
+    # The child ends when its input does: the proxy closed the pipe, or exited, even
+    # killed outright. A stop signal that reaches it as well as the proxy (a service
+    # manager stopping every process of the unit, kill of a cgroup) must not cut the
+    # capture short while the proxy is still handing on its last frames.
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
     keep_frame_memory()  # the base64 of every large frame: a buffer of that size
     out = sys.stdout.buffer
     try:

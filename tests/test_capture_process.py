@@ -3,12 +3,25 @@ the capture child process, under faults of the child (stopped, killed)."""
 
 from __future__ import annotations
 
+import base64
+import json
 import logging
 import os
 import signal
 
 from proxyutil import codec
-from test_resilience import Raw, corr_of, create_topic, produce, record_batch, req_corr, wait_for
+from test_resilience import (
+    ProxyProcess,
+    Raw,
+    _capture_children,
+    corr_of,
+    create_topic,
+    produce,
+    record_batch,
+    req_corr,
+    roundtrip,
+    wait_for,
+)
 
 from kinspect.capture_process import CaptureProcess
 from kinspect.proxy.pipeline import Pipeline
@@ -69,3 +82,55 @@ async def test_a_capture_child_dying_while_the_proxy_waits_for_it_lets_the_proxy
         if raw is not None:
             raw.close()
         await proxy.close()
+
+
+async def test_a_stop_signal_to_every_process_of_the_proxy_leaves_the_whole_capture(
+        tansu, unique, tmp_path):
+    """``kinspect proxy --capture`` stopped the way a service manager stops a unit:
+    SIGTERM to every process of it, the capture child included. The proxy shuts
+    down cleanly and hands its last frames on; the child must not die of the signal
+    with them unwritten: every request the client sent and every response it got
+    are in the capture, in order, in whole lines. (The child is held stopped over
+    the last requests, so that they are still waiting for it when the signal
+    comes.)"""
+    topic = unique("capterm")
+    create_topic(tansu.bootstrap, topic)
+    cap = tmp_path / "cap.jsonl"
+    proxy = ProxyProcess(tansu.bootstrap, tmp_path, "--capture", str(cap), "--capture-secrets")
+    children = _capture_children(cap)
+    raw = None
+    try:
+        assert len(children) == 1, children
+        child = children[0]
+        raw = await Raw.open(*proxy.address)
+        batch = record_batch([os.urandom(10 * 1024)])
+        sent, received = [], []
+        for corr in range(1, 41):
+            if corr == 21:
+                os.kill(child, signal.SIGSTOP)
+            q = produce(corr, topic, batch)
+            sent.append(q)
+            received.append(await roundtrip(raw, q))
+        raw.close()
+        raw = None
+        os.kill(child, signal.SIGTERM)
+        os.kill(proxy.proc.pid, signal.SIGTERM)
+        os.kill(child, signal.SIGCONT)
+        assert proxy.stop() == 0, proxy.stderr()
+        await wait_for(lambda: not _capture_children(cap), timeout=30,
+                       what="the capture child to finish")
+    finally:
+        if raw is not None:
+            raw.close()
+        for pid in _capture_children(cap):
+            os.kill(pid, signal.SIGKILL)
+        if proxy.proc.poll() is None:
+            proxy.stop(signal.SIGKILL)
+    data = cap.read_bytes()
+    assert data.endswith(b"\n"), "capture ends in a torn line"
+    records = [json.loads(line) for line in data.splitlines()]
+    frames = [r for r in records if r.get("type") == "frame"]
+    reqs = [base64.b64decode(r["frame"]) for r in frames if r["dir"] == "req"]
+    resps = [base64.b64decode(r["frame"]) for r in frames if r["dir"] == "resp"]
+    assert reqs == sent
+    assert resps == received
