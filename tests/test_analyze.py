@@ -319,3 +319,100 @@ def test_spark_submit_runs_the_job_script(sample, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert len(parquet_rows(out, "flows")) > 0
     shutil.rmtree(out)
+
+
+# ---------------------------------------------------------------------------
+# pairing: a correlation id used again after an acks=0 Produce
+
+
+def _send(sock, codec, req) -> None:
+    import struct
+
+    frame = codec.encode_request(req)
+    sock.sendall(struct.pack(">i", len(frame)) + frame)
+
+
+def _read_until(sock, corr: int) -> bytes:
+    """Response frames (no size prefix) until the one answering ``corr``."""
+    import struct
+
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "the proxy closed the connection"
+            buf += chunk
+        return buf
+
+    while True:
+        (size,) = struct.unpack(">i", exact(4))
+        frame = exact(size)
+        if struct.unpack(">i", frame[:4])[0] == corr:
+            return frame
+
+
+@pytest.fixture(scope="module")
+def acks0_capture(tmp_path_factory):
+    """A capture of one raw client connection through the real proxy to a real Tansu:
+    ApiVersions (corr 1), an acks=0 Produce (corr 7, which expects no answer),
+    Metadata (corr 8), then Metadata again with corr 7. Returns the capture
+    directory and the bytes of the answer to the second Metadata request."""
+    import socket
+
+    from kinspect.analysis.sample import ProxyThread
+    from kinspect.brokers import TansuBroker
+    from kinspect.codec import Codec
+    from kinspect.tolerate import BaselineContext, _records, build_request
+
+    d = tmp_path_factory.mktemp("acks0")
+    codec = Codec()
+    ctx = BaselineContext("kinspect-acks0", "g", bytes(16), "kinspect-acks0", _records())
+    with TansuBroker() as broker, ProxyThread(broker.bootstrap, d / "acks0.jsonl") as pt:
+        host, port = pt.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            _send(sock, codec, build_request(codec, 18, 0, ctx, correlation_id=1))
+            apis = {k.ApiKey: k.MaxVersion
+                    for k in codec.decode_response(_read_until(sock, 1), 18, 0).body.ApiKeys}
+            pv = min(apis[0], codec.registry.request(0).valid_versions.highest)
+            mv = min(apis[3], codec.registry.request(3).valid_versions.highest)
+            produce = build_request(codec, 0, pv, ctx, correlation_id=7)
+            produce.body.Acks = 0
+            _send(sock, codec, produce)
+            _send(sock, codec, build_request(codec, 3, mv, ctx, correlation_id=8))
+            _read_until(sock, 8)  # answers come in order: nothing for corr 7 is left
+            _send(sock, codec, build_request(codec, 3, mv, ctx, correlation_id=7))
+            answer = _read_until(sock, 7)
+    return d, answer
+
+
+def test_acks0_produce_does_not_take_the_answer_of_a_reused_correlation_id(
+        spark, acks0_capture, tmp_path):
+    """An acks=0 Produce gets no answer, so the next request with its correlation id
+    owns the next answer with that id: both engines pair them as the proxy did."""
+    caps, answer = acks0_capture
+    ref = reference.compute([caps])
+    run_job(spark, [str(caps)], tmp_path, what_if=False)
+    spark_flows = parquet_rows(tmp_path, "flows")
+    assert spark_flows == ref["flows"]
+    flows = [f for f in spark_flows if f["correlation_id"] == 7 and f["request_bytes"]]
+    by_api = {f["api_name"]: f for f in flows}
+    assert set(by_api) == {"Produce", "Metadata"}
+    assert by_api["Produce"]["response_bytes"] is None
+    assert by_api["Produce"]["latency_ns"] is None
+    meta = by_api["Metadata"]
+    assert meta["response_bytes"] == len(answer)
+    assert meta["response_decoded"] and meta["decode_error"] is None
+    assert meta["latency_ns"] is not None and meta["latency_ns"] >= 0
+
+
+def test_pairing_takes_a_line_without_ts_ns_first_as_spark_does():
+    """``ts_ns`` may be null on a frame line (not known): the reference orders it
+    first, as Spark's ascending order does, instead of failing to compare it."""
+    def line(n, d, ts):
+        return {"type": "frame", "capture": "c", "line": n, "conn": 1, "dir": d,
+                "correlation_id": 3, "ts_ns": ts, "frame": base64.b64encode(bytes([n])).decode()}
+
+    pairs = reference.pair_frames([line(1, "req", 50), line(2, "req", None),
+                                   line(3, "resp", 60), line(4, "resp", 70)])
+    assert [(p["seq"], p["req_frame"], p["resp_frame"]) for p in pairs] == [
+        (1, b"\x02", b"\x03"), (2, b"\x01", b"\x04")]

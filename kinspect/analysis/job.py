@@ -345,6 +345,7 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     from pyspark.sql import functions as F
 
     from kinspect.capture import CaptureError
+    from kinspect.flows import NO_RESPONSE, UNPAIRED
 
     names = {}
     paths = []
@@ -372,8 +373,18 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     frames = (lines.where((F.col("r.type") == "frame") & F.col("r.dir").isin("req", "resp"))
               .select("r.*", capture.alias("capture"), "line")
               .withColumn("correlation_id", F.coalesce("correlation_id", F.lit(-1))))
-    w = Window.partitionBy("capture", "conn", "dir", "correlation_id").orderBy("ts_ns", "line")
-    frames = frames.withColumn("seq", F.row_number().over(w))
+    # (definitions: reference.pair_frames) acks=0 Produce requests and responses the
+    # proxy found unpaired are numbered apart, with negative numbers that match nothing
+    empty = F.array().cast("array<string>")
+    flags = F.coalesce(F.col("flags"), empty)
+    solo = F.when(F.col("dir") == "req", F.array_contains(flags, NO_RESPONSE)) \
+        .otherwise(F.array_contains(flags, UNPAIRED))
+    frames = frames.withColumn("solo", solo)
+    w = Window.partitionBy("capture", "conn", "dir", "correlation_id", "solo") \
+        .orderBy("ts_ns", "line")
+    n = F.row_number().over(w)
+    frames = frames.withColumn(
+        "seq", F.when(~F.col("solo"), n).when(F.col("dir") == "req", -2 * n).otherwise(1 - 2 * n))
     key = ["capture", "conn", "correlation_id", "seq"]
     req = frames.where(F.col("dir") == "req").select(
         *key, F.col("flow").alias("req_flow"), F.col("client").alias("req_client"),

@@ -8,9 +8,13 @@ baseline of ``bench/analyze.py``.
 Definitions shared with :mod:`kinspect.analysis.job` (keep them in step):
 
 * pairing: frame lines are numbered per (capture, connection, direction,
-  correlation id) in ``(ts_ns, line number)`` order; the n-th request pairs with
-  the n-th response of the same key (``seq``). Lines of a capture's rotated parts
-  form one capture, named after the first part's file name.
+  correlation id) in ``(ts_ns, line number)`` order (a null ``ts_ns`` first); the
+  n-th request pairs with the n-th response of the same key (``seq``). Requests
+  flagged ``no-response`` (acks=0 Produce) and responses flagged ``unpaired`` are
+  numbered apart and pair with nothing (negative ``seq``: -2n, 1-2n), as the proxy
+  paired them: they must not shift the pairing of a correlation id used again.
+  Lines of a capture's rotated parts form one capture, named after the first
+  part's file name.
 * percentiles: nearest rank (:func:`~kinspect.analysis.kernel.nearest_rank`).
 * clients: a connection's software name/version is the one its first ApiVersions
   v3+ request carried (by request time, then flow id), applied to all its flows.
@@ -29,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from ..codec.whatif import VarintSizer
+from ..flows import NO_RESPONSE, UNPAIRED
 from . import schema
 from .kernel import FlowAnalyzer, load_registry, nearest_rank
 
@@ -113,6 +118,23 @@ def _b64(text: str | None) -> bytes | None:
     return None if text is None else _b64decode(text)
 
 
+def _solo(rec: dict) -> bool:
+    """A frame that pairs with nothing: a request the proxy knew expects no response
+    (acks=0 Produce, flag ``no-response``) or a response it found no request for
+    (flag ``unpaired``)."""
+    flags = rec.get("flags") or ()
+    return (NO_RESPONSE in flags) if rec.get("dir") == "req" else (UNPAIRED in flags)
+
+
+def _seq(n: int, direction: str, solo: bool) -> int:
+    """The pairing number of the ``n``-th frame of its group: ``n``, or for a solo
+    frame a negative number no frame of the other direction has (-2n requests,
+    1-2n responses)."""
+    if not solo:
+        return n
+    return -2 * n if direction == "req" else 1 - 2 * n
+
+
 def pair_frames(frames: Iterable[dict]) -> list[dict]:
     """Pairs (dicts with :data:`~kinspect.analysis.schema.PAIR`'s columns), in
     (capture, connection, correlation id, seq) order."""
@@ -122,12 +144,14 @@ def pair_frames(frames: Iterable[dict]) -> list[dict]:
         if d not in ("req", "resp"):
             continue
         corr = rec.get("correlation_id")
-        groups[(rec["capture"], int(rec["conn"]), d, -1 if corr is None else corr)].append(rec)
+        groups[(rec["capture"], int(rec["conn"]), d, -1 if corr is None else corr,
+                _solo(rec))].append(rec)
     keyed: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for (capture, conn, d, corr), recs in groups.items():
-        recs.sort(key=lambda r: (r.get("ts_ns"), r["line"]))
-        for seq, rec in enumerate(recs, 1):
-            keyed[(capture, conn, corr, seq)][d] = rec
+    for (capture, conn, d, corr, solo), recs in groups.items():
+        # like Spark's ascending order: a null ts_ns first
+        recs.sort(key=lambda r: (r.get("ts_ns") is not None, r.get("ts_ns") or 0, r["line"]))
+        for n, rec in enumerate(recs, 1):
+            keyed[(capture, conn, corr, _seq(n, d, solo))][d] = rec
     pairs = []
     for key in sorted(keyed, key=lambda k: (k[0], k[1], k[2], k[3])):
         capture, conn, corr, seq = key
