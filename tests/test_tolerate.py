@@ -264,6 +264,7 @@ def test_classify_counts_only_an_error_code_the_baseline_did_not_carry(codec):
         codec, 3, 12, "ok", frame({"Topics": [{"Name": "t", "ErrorCode": 3, "IsInternal": True}]}),
         None, base, set())
     assert outcome == "different" and "Topics[0].IsInternal" in detail
+    assert code == 3  # the answer's code, the baseline's too
     assert classify(codec, 3, 12, "ok", frame({"Topics": [{"Name": "t", "ErrorCode": 3},
                                                          {"Name": "u", "ErrorCode": 87}]}),
                     None, base, set())[:2] == ("error", 87)
