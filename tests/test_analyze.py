@@ -416,3 +416,44 @@ def test_pairing_takes_a_line_without_ts_ns_first_as_spark_does():
                                    line(3, "resp", 60), line(4, "resp", 70)])
     assert [(p["seq"], p["req_frame"], p["resp_frame"]) for p in pairs] == [
         (1, b"\x02", b"\x03"), (2, b"\x01", b"\x04")]
+
+
+def test_appended_captures_keep_their_connections_apart(spark, sample, tmp_path):
+    """``cat a.jsonl a.jsonl > c.jsonl``: the second capture numbers its connections
+    and flows from 1 again; both engines move them past the first one's, as the
+    capture reader of every other command does (kinspect.capture.load_capture), so
+    no two connections merge (clients count each, and pairing stays per connection)."""
+    from kinspect.capture import load_capture
+
+    _, caps = sample
+    d = tmp_path / "caps"
+    d.mkdir()
+    data = (caps / "a.jsonl").read_bytes()
+    (d / "c.jsonl").write_bytes(data + data)
+    # and a rotated capture (a second part: same start_ns, part 1) goes on as it is
+    lines = data.splitlines(keepends=True)
+    session = json.loads(lines[0])
+    half = len(lines) // 2
+    (d / "r.jsonl").write_bytes(b"".join(lines[:half]))
+    (d / "r.1.jsonl").write_bytes(json.dumps({**session, "part": 1}).encode() + b"\n"
+                                  + b"".join(lines[half:]))
+    single = load_capture(caps / "a.jsonl", decode=False)
+    both = load_capture(d / "c.jsonl", decode=False)
+    want = sorted((f.conn, f.id) for f in both.flows)
+    assert len(want) == 2 * len(single.flows)
+    assert len({c for c, _ in want}) == 2 * len({f.conn for f in single.flows})
+    rotated = sorted((f.conn, f.id) for f in single.flows)
+    assert sorted((f.conn, f.id) for f in load_capture(d / "r.jsonl", decode=False).flows) \
+        == rotated
+
+    ref = reference.compute([d], what_if=False)
+    run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+    for flows in (ref["flows"], parquet_rows(tmp_path / "out", "flows")):
+        assert sorted((f["conn"], f["flow"]) for f in flows if f["capture"] == "c.jsonl") \
+            == want
+        assert sorted((f["conn"], f["flow"]) for f in flows if f["capture"] == "r.jsonl") \
+            == rotated
+        assert all(f["decode_error"] is None for f in flows)
+    assert parquet_rows(tmp_path / "out", "clients") == ref["clients"]
+    conns = {f.conn for f in single.flows}
+    assert sum(r["connections"] for r in ref["clients"]) == 3 * len(conns)

@@ -65,7 +65,7 @@ from kinspect.analysis.summary import AnalysisResult
 #: JSON fields of a capture line the job reads (others are ignored)
 LINE_DDL = ("type STRING, ts_ns BIGINT, conn BIGINT, dir STRING, client STRING, "
             "upstream STRING, flow BIGINT, api_key INT, api_version INT, correlation_id INT, "
-            "frame STRING, frame_sent STRING, flags ARRAY<STRING>")
+            "frame STRING, frame_sent STRING, flags ARRAY<STRING>, start_ns BIGINT, part INT")
 
 
 @dataclass
@@ -348,12 +348,15 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     from kinspect.flows import NO_RESPONSE, UNPAIRED
 
     names = {}
+    part_of = {}
     paths = []
     for name, parts in captures:
-        for p in parts:
+        for i, p in enumerate(parts):
             if isinstance(p, str):  # a URI
                 paths.append(p)
                 continue
+            part_of[p.name] = i
+            part_of.setdefault(quote(p.name), i)
             with open(p, "rb") as fh:
                 if fh.read(2) == b"\x1f\x8b" and not p.name.endswith(".gz"):
                     raise CaptureError("gzip-compressed but not named *.gz: Spark picks "
@@ -369,9 +372,17 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     if names:
         mapping = F.create_map(*[F.lit(x) for kv in names.items() for x in kv])
         capture = F.coalesce(mapping[F.col("file")], F.col("file"))
-    lines = raw.select(F.from_json("value", LINE_DDL).alias("r"), "file", "line")
+    part = F.lit(0)
+    if part_of:
+        mapping = F.create_map(*[F.lit(x) for kv in part_of.items() for x in kv])
+        part = F.coalesce(mapping[F.col("file")], F.lit(0))
+    lines = raw.select(F.from_json("value", LINE_DDL).alias("r"), "file", "line",
+                       capture.alias("capture"), part.alias("part_idx"))
+    conn_base, flow_base = _segment_bases(raw, lines, capture, part)
     frames = (lines.where((F.col("r.type") == "frame") & F.col("r.dir").isin("req", "resp"))
-              .select("r.*", capture.alias("capture"), "line")
+              .select("r.*", "capture", "line", "part_idx")
+              .withColumn("conn", F.col("conn") + conn_base)
+              .withColumn("flow", F.col("flow") + flow_base)
               .withColumn("correlation_id", F.coalesce("correlation_id", F.lit(-1))))
     # (definitions: reference.pair_frames) acks=0 Produce requests and responses the
     # proxy found unpaired are numbered apart, with negative numbers that match nothing
@@ -409,6 +420,56 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
         F.coalesce("resp_flags", empty).alias("resp_flags"),
         "resp_sent_bytes")
     return pairs
+
+
+def _segment_bases(raw, lines, capture, part):
+    """``(conn_base, flow_base)`` columns for the lines of :func:`read_pairs`: 0, or
+    in a capture with captures appended to it (``cat a.jsonl b.jsonl``), for each
+    one after the first, the ids to move its connections and flows past (the rule
+    of :func:`kinspect.analysis.reference.read_frames`). Session lines are few: they
+    are collected and the bases computed on the driver."""
+    from pyspark.sql import functions as F
+
+    from kinspect.analysis.reference import segment_bases, segment_starts
+
+    zero = F.lit(0).cast("bigint")
+    sessions = (raw.where(F.col("value").contains('"session"'))
+                .select(F.from_json("value", LINE_DDL).alias("r"), "line",
+                        capture.alias("capture"), part.alias("part_idx"))
+                .where(F.col("r.type") == "session")
+                .select("capture", "part_idx", "line", "r.start_ns", "r.part").collect())
+    by_capture: dict[str, list] = {}
+    for r in sorted(sessions, key=lambda r: (r["capture"], r["part_idx"], r["line"])):
+        by_capture.setdefault(r["capture"], []).append(r)
+    seg = zero
+    segments: dict[str, int] = {}
+    for cap, rows in by_capture.items():
+        k = 0
+        for r, new in zip(rows, segment_starts([(r["start_ns"], r["part"]) for r in rows]),
+                          strict=True):
+            if new:
+                k += 1
+                after = (F.col("part_idx") > r["part_idx"]) | (
+                    (F.col("part_idx") == r["part_idx"]) & (F.col("line") >= r["line"]))
+                seg = F.when((F.col("capture") == cap) & after, F.lit(k)).otherwise(seg)
+        if k:
+            segments[cap] = k + 1
+    if not segments:
+        return zero, zero
+    maxima = (lines.where(F.col("r.type").isin("conn", "frame")
+                          & F.col("capture").isin(list(segments)))
+              .groupBy("capture", seg.alias("seg"))
+              .agg(F.max("r.conn").alias("conn"), F.max("r.flow").alias("flow")).collect())
+    got = {(r["capture"], r["seg"]): (r["conn"], r["flow"]) for r in maxima}
+    conn_base = flow_base = zero
+    for cap, n in segments.items():
+        bases = segment_bases([got.get((cap, k), (None, None)) for k in range(n)])
+        for k, (cb, fb) in enumerate(bases):
+            if k:
+                here = (F.col("capture") == cap) & (seg == k)
+                conn_base = F.when(here, F.lit(cb).cast("bigint")).otherwise(conn_base)
+                flow_base = F.when(here, F.lit(fb).cast("bigint")).otherwise(flow_base)
+    return conn_base, flow_base
 
 
 def _rank(col: str, p: int):

@@ -14,7 +14,9 @@ Definitions shared with :mod:`kinspect.analysis.job` (keep them in step):
   numbered apart and pair with nothing (negative ``seq``: -2n, 1-2n), as the proxy
   paired them: they must not shift the pairing of a correlation id used again.
   Lines of a capture's rotated parts form one capture, named after the first
-  part's file name.
+  part's file name. Captures appended to each other in one file (``cat a.jsonl
+  b.jsonl``) have the connection and flow ids of each one after the first moved
+  past those before it (:func:`read_frames`), as every capture reader does.
 * percentiles: nearest rank (:func:`~kinspect.analysis.kernel.nearest_rank`).
 * clients: a connection's software name/version is the one its first ApiVersions
   v3+ request carried (by request time, then flow id), applied to all its flows.
@@ -95,18 +97,70 @@ def capture_files(paths: Iterable[str | os.PathLike]) -> list[tuple[str, list[Pa
     return out
 
 
+def segment_bases(maxima: Iterable[tuple[int | None, int | None]]) -> list[tuple[int, int]]:
+    """``[(conn_base, flow_base)]`` per segment of one capture (see
+    :func:`segment_starts`), given each segment's ``(highest conn, highest flow)``
+    (``None``: none seen): a segment after the first starts past the highest
+    connection and flow id before it, as :func:`read_frames` numbers them."""
+    out = []
+    max_conn = max_flow = 0
+    for i, (mc, mf) in enumerate(maxima):
+        base = (max_conn, max_flow) if i else (0, 0)
+        out.append(base)
+        if mc is not None:
+            max_conn = max(max_conn, mc + base[0])
+        if mf is not None:
+            max_flow = max(max_flow, mf + base[1])
+    return out
+
+
+def segment_starts(sessions: list[tuple[Any, Any]]) -> list[bool]:
+    """For each session line ``(start_ns, part)`` of a capture in order: does it start
+    a new segment (a capture appended to another: ``cat a.jsonl b.jsonl``), rather
+    than go on with the one before (the first line, or a rotated part: same
+    ``start_ns`` and ``part`` > 0)? The rule of :func:`kinspect.capture.flows_from_records`."""
+    out = []
+    start: Any = None
+    for i, (start_ns, part) in enumerate(sessions):
+        out.append(bool(i) and (not part or start_ns != start))
+        start = start_ns
+    return out
+
+
 def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
-    """Frame records with ``capture`` and ``line`` (running number) added."""
+    """Frame records with ``capture`` and ``line`` (running number) added. Captures
+    appended to each other in one file number their connections and flows from 1
+    again: those of each one after the first are moved past the ids used before
+    it, as every capture reader does (:func:`kinspect.capture.flows_from_records`),
+    so that two connections never merge."""
     from ..capture import read_capture
 
     for name, parts in captures:
         line = 0
+        conn_base = flow_base = max_conn = max_flow = 0
+        sessions = 0
+        start: Any = None
         for part in parts:
             for rec in read_capture(part, parts=False):
                 line += 1
-                if rec.get("type") != "frame":
+                typ = rec.get("type")
+                if typ == "session":
+                    if sessions and (not rec.get("part") or rec.get("start_ns") != start):
+                        conn_base, flow_base = max_conn, max_flow
+                    sessions += 1
+                    start = rec.get("start_ns")
+                    continue
+                conn = rec.get("conn")
+                if typ in ("conn", "frame") and type(conn) is int:
+                    max_conn = max(max_conn, conn + conn_base)
+                if typ != "frame":
                     continue
                 rec = dict(rec)
+                if type(conn) is int:
+                    rec["conn"] = conn + conn_base
+                if type(rec.get("flow")) is int:
+                    rec["flow"] += flow_base
+                    max_flow = max(max_flow, rec["flow"])
                 rec["capture"] = name
                 rec["line"] = line
                 yield rec
