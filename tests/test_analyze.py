@@ -66,7 +66,8 @@ def spark():
 def job(spark, sample, tmp_path_factory):
     _, caps = sample
     out = tmp_path_factory.mktemp("analysis")
-    result = run_job(spark, [str(caps)], out)
+    with pytest.warns(CaptureWarning, match="torn"):  # b.jsonl.gz's last line, as reference
+        result = run_job(spark, [str(caps)], out)
     return result, out
 
 
@@ -457,3 +458,39 @@ def test_appended_captures_keep_their_connections_apart(spark, sample, tmp_path)
     assert parquet_rows(tmp_path / "out", "clients") == ref["clients"]
     conns = {f.conn for f in single.flows}
     assert sum(r["connections"] for r in ref["clients"]) == 3 * len(conns)
+
+
+def test_a_corrupt_line_is_an_error_in_both_engines_and_a_torn_last_line_a_warning(
+        spark, sample, tmp_path):
+    """A frame line cut short in the middle of a capture, or one with a non-integer
+    id, is a CaptureError for the reference (kinspect.capture.read_capture), so the
+    Spark job must not drop the frame without a word either; a torn last line is
+    skipped by both, with a warning."""
+    from kinspect.capture import CaptureError
+
+    _, caps = sample
+    lines = (caps / "a.jsonl").read_bytes().splitlines(keepends=True)
+    i = next(n for n, x in enumerate(lines) if b'"type":"frame"' in x and n > 2)
+    cases = {
+        "cut.jsonl": lines[:i] + [lines[i][: len(lines[i]) // 2] + b"\n"] + lines[i + 1:],
+        "strconn.jsonl": lines[:i] + [lines[i].replace(b'"conn":', b'"conn":"', 1)
+                                      .replace(b',"dir"', b'","dir"', 1)] + lines[i + 1:],
+    }
+    assert json.loads(cases["strconn.jsonl"][i])["conn"].isdigit()
+    for name, content in cases.items():
+        d = tmp_path / name.split(".")[0]
+        d.mkdir()
+        (d / name).write_bytes(b"".join(content))
+        with pytest.raises(CaptureError):
+            reference.compute([d], what_if=False)
+        with pytest.raises(CaptureError, match=name):
+            run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+
+    d = tmp_path / "torn"
+    d.mkdir()
+    (d / "torn.jsonl").write_bytes(b"".join(lines) + lines[i][: len(lines[i]) // 2])
+    with pytest.warns(CaptureWarning, match="torn"):
+        ref = reference.compute([d], what_if=False)
+    with pytest.warns(CaptureWarning, match="torn"):
+        run_job(spark, [str(d)], tmp_path / "torn-out", what_if=False)
+    assert parquet_rows(tmp_path / "torn-out", "flows") == ref["flows"]

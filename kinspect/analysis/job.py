@@ -11,7 +11,8 @@ Pipeline (definitions in :mod:`kinspect.analysis.reference`, which computes the
 same tables in one process):
 
 1. capture lines are read with ``spark.read.text`` (gzip by file suffix) and
-   parsed with ``from_json``; a torn last line parses to null and is dropped;
+   parsed with ``from_json``; a torn last line parses to null and is dropped with
+   a warning, another line that is not JSON is an error (as the reference reads);
 2. frames are numbered per (capture, connection, direction, correlation id) and
    requests joined with responses on (capture, connection, correlation id, n);
 3. pairs are decoded on the executors with ``mapInArrow``: each Python worker
@@ -376,9 +377,14 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     if part_of:
         mapping = F.create_map(*[F.lit(x) for kv in part_of.items() for x in kv])
         part = F.coalesce(mapping[F.col("file")], F.lit(0))
-    lines = raw.select(F.from_json("value", LINE_DDL).alias("r"), "file", "line",
-                       capture.alias("capture"), part.alias("part_idx"))
-    conn_base, flow_base = _segment_bases(raw, lines, capture, part)
+    # a line that is not JSON, or holds a value of another type, keeps its text in
+    # _corrupt (Spark gives its fields as nulls): _check_lines looks at those
+    lines = raw.select(F.from_json("value", LINE_DDL + ", _corrupt STRING",
+                                   {"columnNameOfCorruptRecord": "_corrupt"}).alias("r"),
+                       "value", "file", "line", capture.alias("capture"),
+                       part.alias("part_idx"))
+    sessions = _check_lines(raw, lines)
+    conn_base, flow_base = _segment_bases(lines, sessions)
     frames = (lines.where((F.col("r.type") == "frame") & F.col("r.dir").isin("req", "resp"))
               .select("r.*", "capture", "line", "part_idx")
               .withColumn("conn", F.col("conn") + conn_base)
@@ -422,22 +428,74 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     return pairs
 
 
-def _segment_bases(raw, lines, capture, part):
+#: keys of frame and conn lines that must hold integers (kinspect.capture._INT_KEYS)
+_INT_KEYS = ("conn", "ts_ns", "flow", "api_key", "api_version", "correlation_id")
+
+
+def _check_lines(raw, lines) -> list:
+    """Read the capture lines once on the executors for what the driver must know
+    before pairing, and return the session lines (few) it collected.
+
+    As :func:`kinspect.capture.read_capture` (the reference's reader) does, a line
+    that is not a JSON object is skipped with a :class:`CaptureWarning` when it is
+    the last of its file (torn by a crash), and is a :class:`CaptureError` anywhere
+    else; so is a frame or conn line whose id is not an integer. Without this, such
+    a line parsed to null and its frame was left out without a word.
+    """
+    import json
+    import warnings
+
+    from pyspark.sql import functions as F
+
+    from kinspect.capture import CaptureError, CaptureWarning
+
+    corrupt = F.col("r._corrupt").isNotNull() & (F.trim(F.col("value")) != "")
+    not_json = corrupt & F.col("r.type").isNull()
+    bad_int = corrupt & F.col("r.type").isin("frame", "conn")
+    marked = (lines.where((F.col("r.type") == "session") | not_json | bad_int)
+              .select("capture", "part_idx", "line", "file", "r.start_ns", "r.part",
+                      not_json.alias("not_json"), bad_int.alias("bad_int"),
+                      F.when(not_json | bad_int, F.col("value")).alias("value"))
+              .collect())
+    for r in marked:
+        if r["bad_int"]:
+            try:
+                rec = json.loads(r["value"])
+            except ValueError:
+                raise CaptureError("a line other than the last is not a JSON object "
+                                   f"({r['value'][:60]!r}...)", r["file"]) from None
+            key = next((k for k in _INT_KEYS if rec.get(k) is not None
+                        and type(rec.get(k)) is not int), None)
+            if key is None:  # e.g. an integer beyond 64 bits, a frame that is no string
+                raise CaptureError(f"a value of the wrong type: {r['value'][:80]!r}",
+                                   r["file"])
+            raise CaptureError(f"{key!r} must be an integer, got {json.dumps(rec[key])}",
+                               r["file"])
+    torn = [r for r in marked if r["not_json"]]
+    if torn:
+        files = sorted({r["file"] for r in torn})
+        last = dict(raw.where(F.col("file").isin(files) & (F.trim(F.col("value")) != ""))
+                    .groupBy("file").agg(F.max("line")).collect())
+        for r in torn:
+            if r["line"] != last[r["file"]]:
+                raise CaptureError("a line other than the last is not a JSON object "
+                                   f"({r['value'][:60]!r}...)", r["file"])
+            warnings.warn(f"{r['file']}: torn last line skipped ({len(r['value'])} chars)",
+                          CaptureWarning, stacklevel=3)
+    return [r for r in marked if not r["not_json"] and not r["bad_int"]]
+
+
+def _segment_bases(lines, sessions: list):
     """``(conn_base, flow_base)`` columns for the lines of :func:`read_pairs`: 0, or
     in a capture with captures appended to it (``cat a.jsonl b.jsonl``), for each
     one after the first, the ids to move its connections and flows past (the rule
-    of :func:`kinspect.analysis.reference.read_frames`). Session lines are few: they
-    are collected and the bases computed on the driver."""
+    of :func:`kinspect.analysis.reference.read_frames`), computed on the driver
+    from the ``sessions`` lines (:func:`_check_lines`)."""
     from pyspark.sql import functions as F
 
     from kinspect.analysis.reference import segment_bases, segment_starts
 
     zero = F.lit(0).cast("bigint")
-    sessions = (raw.where(F.col("value").contains('"session"'))
-                .select(F.from_json("value", LINE_DDL).alias("r"), "line",
-                        capture.alias("capture"), part.alias("part_idx"))
-                .where(F.col("r.type") == "session")
-                .select("capture", "part_idx", "line", "r.start_ns", "r.part").collect())
     by_capture: dict[str, list] = {}
     for r in sorted(sessions, key=lambda r: (r["capture"], r["part_idx"], r["line"])):
         by_capture.setdefault(r["capture"], []).append(r)
