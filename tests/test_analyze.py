@@ -494,3 +494,55 @@ def test_a_corrupt_line_is_an_error_in_both_engines_and_a_torn_last_line_a_warni
     with pytest.warns(CaptureWarning, match="torn"):
         run_job(spark, [str(d)], tmp_path / "torn-out", what_if=False)
     assert parquet_rows(tmp_path / "torn-out", "flows") == ref["flows"]
+
+
+def test_rotated_parts_pair_in_part_order_without_timestamps(spark, tmp_path):
+    """Lines without ``ts_ns`` (another tool's capture) pair in line order; across
+    rotated parts that is part order, whatever order Spark reads the files in (it
+    packs the larger part first). A correlation id used twice on a connection,
+    its first request in part 0 and the rest in part 1, pairs each request with
+    its own answer in both engines."""
+    from kinspect.codec import Codec, Response
+    from kinspect.tolerate import BaselineContext, build_request
+
+    codec = Codec()
+    ctx = BaselineContext("t", "g", bytes(16), "kinspect-test", b"")
+
+    def response(api_key, version, body):
+        cls = codec.response_codec(api_key).cls
+        hcls = codec.registry.header("ResponseHeader").cls
+        return codec.encode_response(Response(
+            api_key, version, 5, codec.response_header_version(api_key, version),
+            hcls(CorrelationId=5), cls.from_dict(body), 0, codec.api_name(api_key), version))
+
+    def line(d, frame, api_key=None, version=None, conn=1):
+        rec = {"type": "frame", "ts_ns": None, "conn": conn, "dir": d, "correlation_id": 5,
+               "frame": base64.b64encode(frame).decode()}
+        if d == "req":
+            rec.update(api_key=api_key, api_version=version)
+        return json.dumps(rec) + "\n"
+
+    api_req = codec.encode_request(build_request(codec, 18, 0, ctx, correlation_id=5))
+    api_resp = response(18, 0, {"ErrorCode": 0, "ApiKeys": [
+        {"ApiKey": 18, "MinVersion": 0, "MaxVersion": 3},
+        {"ApiKey": 3, "MinVersion": 0, "MaxVersion": 12}]})
+    meta_req = codec.encode_request(build_request(codec, 3, 1, ctx, correlation_id=5))
+    meta_resp = response(3, 1, {"Brokers": [], "ControllerId": 1, "Topics": []})
+    session = {"type": "session", "start_ns": 1, "part": 0}
+    d = tmp_path / "caps"
+    d.mkdir()
+    (d / "r.jsonl").write_text(json.dumps(session) + "\n" + line("req", api_req, 18, 0))
+    padding = "".join(line("req", api_req, 18, 0, conn=2) + line("resp", api_resp, conn=2)
+                      for _ in range(200))  # part 1 is the larger file
+    (d / "r.1.jsonl").write_text(json.dumps({**session, "part": 1}) + "\n"
+                                 + line("resp", api_resp) + line("req", meta_req, 3, 1)
+                                 + line("resp", meta_resp) + padding)
+    ref = reference.compute([d], what_if=False)
+    run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+    assert len(api_resp) != len(meta_resp)
+    for flows in (ref["flows"], parquet_rows(tmp_path / "out", "flows")):
+        conn1 = {f["api_name"]: f for f in flows if f["conn"] == 1}
+        assert set(conn1) == {"ApiVersions", "Metadata"}
+        assert conn1["ApiVersions"]["response_bytes"] == len(api_resp)
+        assert conn1["Metadata"]["response_bytes"] == len(meta_resp)
+        assert all(f["decode_error"] is None and f["response_decoded"] for f in flows)

@@ -397,8 +397,11 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     solo = F.when(F.col("dir") == "req", F.array_contains(flags, NO_RESPONSE)) \
         .otherwise(F.array_contains(flags, UNPAIRED))
     frames = frames.withColumn("solo", solo)
+    # line numbers go in file order within a file only (Spark packs a capture's parts
+    # into partitions largest first): the part's index orders the parts, as the
+    # reference's running line number does
     w = Window.partitionBy("capture", "conn", "dir", "correlation_id", "solo") \
-        .orderBy("ts_ns", "line")
+        .orderBy("ts_ns", "part_idx", "line")
     n = F.row_number().over(w)
     frames = frames.withColumn(
         "seq", F.when(~F.col("solo"), n).when(F.col("dir") == "req", -2 * n).otherwise(1 - 2 * n))
