@@ -16,8 +16,10 @@ large one (10000) and the largest allowed (2^31-1), and payloads of 0 B, 1 B,
 
 * ``tolerated``: a response equivalent to the baseline (fields that differ
   between two baseline answers, and ``ThrottleTimeMs``, are ignored);
-* ``error``: a response with a non-zero error code (``error_code``);
-* ``different``: a response that differs from the baseline without an error code;
+* ``error``: a response that differs from the baseline and carries a non-zero
+  error code the baseline's answer did not (``error_code``);
+* ``different``: a response that differs from the baseline without a new error
+  code (one the baseline's answer carried too is kept in ``error_code``);
 * ``undecodable``: a response the codec cannot decode;
 * ``disconnect``: the broker closed the connection without answering;
 * ``timeout``: no answer within the timeout.
@@ -40,6 +42,7 @@ import socket
 import struct
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -260,7 +263,7 @@ class MatrixReport:
         return t
 
 
-LEGEND = ("✓ tolerated (answer equals the baseline)  E<n> error code n  ≠ different answer  "
+LEGEND = ("✓ tolerated (answer equals the baseline)  E<n> new error code n  ≠ different answer  "
           "✗ disconnect  T timeout  ? undecodable  - not run")
 
 
@@ -534,6 +537,21 @@ def first_error_code(tree: Any) -> int | None:
     return None
 
 
+def error_codes(tree: Any) -> list[int]:
+    """Every non-zero ``ErrorCode`` of a ``to_dict()`` tree, depth first."""
+    out: list[int] = []
+    if isinstance(tree, dict):
+        code = tree.get("ErrorCode")
+        if isinstance(code, int) and not isinstance(code, bool) and code:
+            out.append(code)
+        for v in tree.values():
+            out.extend(error_codes(v))
+    elif isinstance(tree, list):
+        for v in tree:
+            out.extend(error_codes(v))
+    return out
+
+
 def classify(codec: Codec, api_key: int, version: int, status: str, frame: bytes | None,
              detail: str | None, baseline: Any, volatile: set[tuple]
              ) -> tuple[str, int | None, str | None]:
@@ -554,9 +572,15 @@ def classify(codec: Codec, api_key: int, version: int, status: str, frame: bytes
         return "tolerated", code, None
     diffs = sorted(diff_paths(baseline, norm), key=lambda p: tuple(map(str, p)))
     where = ", ".join(_path_text(p) for p in diffs[:3]) + (" ..." if len(diffs) > 3 else "")
-    if code:
-        return "error", code, f"differs at {where}"
-    return "different", None, f"differs at {where}"
+    # an error is an error code the baseline's answer did not carry: the same code as
+    # the baseline's (an unknown topic, say) says nothing about the injected tag
+    new = Counter(error_codes(norm))
+    new.subtract(Counter(error_codes(baseline)))
+    fresh = [c for c in error_codes(norm) if new[c] > 0]
+    if fresh:
+        first = code if code in fresh else fresh[0]
+        return "error", first, f"differs at {where}"
+    return "different", code or None, f"differs at {where}"
 
 
 # ---------------------------------------------------------------------------

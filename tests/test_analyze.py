@@ -66,7 +66,8 @@ def spark():
 def job(spark, sample, tmp_path_factory):
     _, caps = sample
     out = tmp_path_factory.mktemp("analysis")
-    result = run_job(spark, [str(caps)], out)
+    with pytest.warns(CaptureWarning, match="torn"):  # b.jsonl.gz's last line, as reference
+        result = run_job(spark, [str(caps)], out)
     return result, out
 
 
@@ -319,3 +320,229 @@ def test_spark_submit_runs_the_job_script(sample, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert len(parquet_rows(out, "flows")) > 0
     shutil.rmtree(out)
+
+
+# ---------------------------------------------------------------------------
+# pairing: a correlation id used again after an acks=0 Produce
+
+
+def _send(sock, codec, req) -> None:
+    import struct
+
+    frame = codec.encode_request(req)
+    sock.sendall(struct.pack(">i", len(frame)) + frame)
+
+
+def _read_until(sock, corr: int) -> bytes:
+    """Response frames (no size prefix) until the one answering ``corr``."""
+    import struct
+
+    def exact(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "the proxy closed the connection"
+            buf += chunk
+        return buf
+
+    while True:
+        (size,) = struct.unpack(">i", exact(4))
+        frame = exact(size)
+        if struct.unpack(">i", frame[:4])[0] == corr:
+            return frame
+
+
+@pytest.fixture(scope="module")
+def acks0_capture(tmp_path_factory):
+    """A capture of one raw client connection through the real proxy to a real Tansu:
+    ApiVersions (corr 1), an acks=0 Produce (corr 7, which expects no answer),
+    Metadata (corr 8), then Metadata again with corr 7. Returns the capture
+    directory and the bytes of the answer to the second Metadata request."""
+    import socket
+
+    from kinspect.analysis.sample import ProxyThread
+    from kinspect.brokers import TansuBroker
+    from kinspect.codec import Codec
+    from kinspect.tolerate import BaselineContext, _records, build_request
+
+    d = tmp_path_factory.mktemp("acks0")
+    codec = Codec()
+    ctx = BaselineContext("kinspect-acks0", "g", bytes(16), "kinspect-acks0", _records())
+    with TansuBroker() as broker, ProxyThread(broker.bootstrap, d / "acks0.jsonl") as pt:
+        host, port = pt.bootstrap.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            _send(sock, codec, build_request(codec, 18, 0, ctx, correlation_id=1))
+            apis = {k.ApiKey: k.MaxVersion
+                    for k in codec.decode_response(_read_until(sock, 1), 18, 0).body.ApiKeys}
+            pv = min(apis[0], codec.registry.request(0).valid_versions.highest)
+            mv = min(apis[3], codec.registry.request(3).valid_versions.highest)
+            produce = build_request(codec, 0, pv, ctx, correlation_id=7)
+            produce.body.Acks = 0
+            _send(sock, codec, produce)
+            _send(sock, codec, build_request(codec, 3, mv, ctx, correlation_id=8))
+            _read_until(sock, 8)  # answers come in order: nothing for corr 7 is left
+            _send(sock, codec, build_request(codec, 3, mv, ctx, correlation_id=7))
+            answer = _read_until(sock, 7)
+    return d, answer
+
+
+def test_acks0_produce_does_not_take_the_answer_of_a_reused_correlation_id(
+        spark, acks0_capture, tmp_path):
+    """An acks=0 Produce gets no answer, so the next request with its correlation id
+    owns the next answer with that id: both engines pair them as the proxy did."""
+    caps, answer = acks0_capture
+    ref = reference.compute([caps])
+    run_job(spark, [str(caps)], tmp_path, what_if=False)
+    spark_flows = parquet_rows(tmp_path, "flows")
+    assert spark_flows == ref["flows"]
+    flows = [f for f in spark_flows if f["correlation_id"] == 7 and f["request_bytes"]]
+    by_api = {f["api_name"]: f for f in flows}
+    assert set(by_api) == {"Produce", "Metadata"}
+    assert by_api["Produce"]["response_bytes"] is None
+    assert by_api["Produce"]["latency_ns"] is None
+    meta = by_api["Metadata"]
+    assert meta["response_bytes"] == len(answer)
+    assert meta["response_decoded"] and meta["decode_error"] is None
+    assert meta["latency_ns"] is not None and meta["latency_ns"] >= 0
+
+
+def test_pairing_takes_a_line_without_ts_ns_first_as_spark_does():
+    """``ts_ns`` may be null on a frame line (not known): the reference orders it
+    first, as Spark's ascending order does, instead of failing to compare it."""
+    def line(n, d, ts):
+        return {"type": "frame", "capture": "c", "line": n, "conn": 1, "dir": d,
+                "correlation_id": 3, "ts_ns": ts, "frame": base64.b64encode(bytes([n])).decode()}
+
+    pairs = reference.pair_frames([line(1, "req", 50), line(2, "req", None),
+                                   line(3, "resp", 60), line(4, "resp", 70)])
+    assert [(p["seq"], p["req_frame"], p["resp_frame"]) for p in pairs] == [
+        (1, b"\x02", b"\x03"), (2, b"\x01", b"\x04")]
+
+
+def test_appended_captures_keep_their_connections_apart(spark, sample, tmp_path):
+    """``cat a.jsonl a.jsonl > c.jsonl``: the second capture numbers its connections
+    and flows from 1 again; both engines move them past the first one's, as the
+    capture reader of every other command does (kinspect.capture.load_capture), so
+    no two connections merge (clients count each, and pairing stays per connection)."""
+    from kinspect.capture import load_capture
+
+    _, caps = sample
+    d = tmp_path / "caps"
+    d.mkdir()
+    data = (caps / "a.jsonl").read_bytes()
+    (d / "c.jsonl").write_bytes(data + data)
+    # and a rotated capture (a second part: same start_ns, part 1) goes on as it is
+    lines = data.splitlines(keepends=True)
+    session = json.loads(lines[0])
+    half = len(lines) // 2
+    (d / "r.jsonl").write_bytes(b"".join(lines[:half]))
+    (d / "r.1.jsonl").write_bytes(json.dumps({**session, "part": 1}).encode() + b"\n"
+                                  + b"".join(lines[half:]))
+    single = load_capture(caps / "a.jsonl", decode=False)
+    both = load_capture(d / "c.jsonl", decode=False)
+    want = sorted((f.conn, f.id) for f in both.flows)
+    assert len(want) == 2 * len(single.flows)
+    assert len({c for c, _ in want}) == 2 * len({f.conn for f in single.flows})
+    rotated = sorted((f.conn, f.id) for f in single.flows)
+    assert sorted((f.conn, f.id) for f in load_capture(d / "r.jsonl", decode=False).flows) \
+        == rotated
+
+    ref = reference.compute([d], what_if=False)
+    run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+    for flows in (ref["flows"], parquet_rows(tmp_path / "out", "flows")):
+        assert sorted((f["conn"], f["flow"]) for f in flows if f["capture"] == "c.jsonl") \
+            == want
+        assert sorted((f["conn"], f["flow"]) for f in flows if f["capture"] == "r.jsonl") \
+            == rotated
+        assert all(f["decode_error"] is None for f in flows)
+    assert parquet_rows(tmp_path / "out", "clients") == ref["clients"]
+    conns = {f.conn for f in single.flows}
+    assert sum(r["connections"] for r in ref["clients"]) == 3 * len(conns)
+
+
+def test_a_corrupt_line_is_an_error_in_both_engines_and_a_torn_last_line_a_warning(
+        spark, sample, tmp_path):
+    """A frame line cut short in the middle of a capture, or one with a non-integer
+    id, is a CaptureError for the reference (kinspect.capture.read_capture), so the
+    Spark job must not drop the frame without a word either; a torn last line is
+    skipped by both, with a warning."""
+    from kinspect.capture import CaptureError
+
+    _, caps = sample
+    lines = (caps / "a.jsonl").read_bytes().splitlines(keepends=True)
+    i = next(n for n, x in enumerate(lines) if b'"type":"frame"' in x and n > 2)
+    cases = {
+        "cut.jsonl": lines[:i] + [lines[i][: len(lines[i]) // 2] + b"\n"] + lines[i + 1:],
+        "strconn.jsonl": lines[:i] + [lines[i].replace(b'"conn":', b'"conn":"', 1)
+                                      .replace(b',"dir"', b'","dir"', 1)] + lines[i + 1:],
+    }
+    assert json.loads(cases["strconn.jsonl"][i])["conn"].isdigit()
+    for name, content in cases.items():
+        d = tmp_path / name.split(".")[0]
+        d.mkdir()
+        (d / name).write_bytes(b"".join(content))
+        with pytest.raises(CaptureError):
+            reference.compute([d], what_if=False)
+        with pytest.raises(CaptureError, match=name):
+            run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+
+    d = tmp_path / "torn"
+    d.mkdir()
+    (d / "torn.jsonl").write_bytes(b"".join(lines) + lines[i][: len(lines[i]) // 2])
+    with pytest.warns(CaptureWarning, match="torn"):
+        ref = reference.compute([d], what_if=False)
+    with pytest.warns(CaptureWarning, match="torn"):
+        run_job(spark, [str(d)], tmp_path / "torn-out", what_if=False)
+    assert parquet_rows(tmp_path / "torn-out", "flows") == ref["flows"]
+
+
+def test_rotated_parts_pair_in_part_order_without_timestamps(spark, tmp_path):
+    """Lines without ``ts_ns`` (another tool's capture) pair in line order; across
+    rotated parts that is part order, whatever order Spark reads the files in (it
+    packs the larger part first). A correlation id used twice on a connection,
+    its first request in part 0 and the rest in part 1, pairs each request with
+    its own answer in both engines."""
+    from kinspect.codec import Codec, Response
+    from kinspect.tolerate import BaselineContext, build_request
+
+    codec = Codec()
+    ctx = BaselineContext("t", "g", bytes(16), "kinspect-test", b"")
+
+    def response(api_key, version, body):
+        cls = codec.response_codec(api_key).cls
+        hcls = codec.registry.header("ResponseHeader").cls
+        return codec.encode_response(Response(
+            api_key, version, 5, codec.response_header_version(api_key, version),
+            hcls(CorrelationId=5), cls.from_dict(body), 0, codec.api_name(api_key), version))
+
+    def line(d, frame, api_key=None, version=None, conn=1):
+        rec = {"type": "frame", "ts_ns": None, "conn": conn, "dir": d, "correlation_id": 5,
+               "frame": base64.b64encode(frame).decode()}
+        if d == "req":
+            rec.update(api_key=api_key, api_version=version)
+        return json.dumps(rec) + "\n"
+
+    api_req = codec.encode_request(build_request(codec, 18, 0, ctx, correlation_id=5))
+    api_resp = response(18, 0, {"ErrorCode": 0, "ApiKeys": [
+        {"ApiKey": 18, "MinVersion": 0, "MaxVersion": 3},
+        {"ApiKey": 3, "MinVersion": 0, "MaxVersion": 12}]})
+    meta_req = codec.encode_request(build_request(codec, 3, 1, ctx, correlation_id=5))
+    meta_resp = response(3, 1, {"Brokers": [], "ControllerId": 1, "Topics": []})
+    session = {"type": "session", "start_ns": 1, "part": 0}
+    d = tmp_path / "caps"
+    d.mkdir()
+    (d / "r.jsonl").write_text(json.dumps(session) + "\n" + line("req", api_req, 18, 0))
+    padding = "".join(line("req", api_req, 18, 0, conn=2) + line("resp", api_resp, conn=2)
+                      for _ in range(200))  # part 1 is the larger file
+    (d / "r.1.jsonl").write_text(json.dumps({**session, "part": 1}) + "\n"
+                                 + line("resp", api_resp) + line("req", meta_req, 3, 1)
+                                 + line("resp", meta_resp) + padding)
+    ref = reference.compute([d], what_if=False)
+    run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+    assert len(api_resp) != len(meta_resp)
+    for flows in (ref["flows"], parquet_rows(tmp_path / "out", "flows")):
+        conn1 = {f["api_name"]: f for f in flows if f["conn"] == 1}
+        assert set(conn1) == {"ApiVersions", "Metadata"}
+        assert conn1["ApiVersions"]["response_bytes"] == len(api_resp)
+        assert conn1["Metadata"]["response_bytes"] == len(meta_resp)
+        assert all(f["decode_error"] is None and f["response_decoded"] for f in flows)

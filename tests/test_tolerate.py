@@ -240,3 +240,31 @@ def test_unknown_api_names_are_an_error_before_anything_is_sent(capsys):
     assert code == 1
     err = capsys.readouterr().err
     assert "Bogus" in err and "cannot connect" not in err, err
+
+
+def test_classify_counts_only_an_error_code_the_baseline_did_not_carry(codec):
+    """A baseline answered with an error (the topic does not exist: 3,
+    UNKNOWN_TOPIC_OR_PARTITION) and a variant answered with the same error but
+    otherwise different: the tag did not cause that error, so the cell is
+    ``different``; a code the baseline lacked is an ``error`` with that code."""
+    from kinspect.codec import Response
+
+    cls = codec.response_codec(3).cls
+    hcls = codec.registry.header("ResponseHeader").cls
+
+    def frame(body):
+        return codec.encode_response(Response(3, 12, 1, 1, hcls(CorrelationId=1),
+                                              cls.from_dict(body), 0, "Metadata", 12))
+
+    missing = {"Topics": [{"Name": "t", "ErrorCode": 3}]}
+    base = normalize(codec.decode_response(frame(missing), 3, 12).body.to_dict())
+    assert classify(codec, 3, 12, "ok", frame(missing), None, base, set())[:2] == \
+        ("tolerated", 3)
+    outcome, code, detail = classify(
+        codec, 3, 12, "ok", frame({"Topics": [{"Name": "t", "ErrorCode": 3, "IsInternal": True}]}),
+        None, base, set())
+    assert outcome == "different" and "Topics[0].IsInternal" in detail
+    assert code == 3  # the answer's code, the baseline's too
+    assert classify(codec, 3, 12, "ok", frame({"Topics": [{"Name": "t", "ErrorCode": 3},
+                                                         {"Name": "u", "ErrorCode": 87}]}),
+                    None, base, set())[:2] == ("error", 87)

@@ -11,7 +11,8 @@ Pipeline (definitions in :mod:`kinspect.analysis.reference`, which computes the
 same tables in one process):
 
 1. capture lines are read with ``spark.read.text`` (gzip by file suffix) and
-   parsed with ``from_json``; a torn last line parses to null and is dropped;
+   parsed with ``from_json``; a torn last line parses to null and is dropped with
+   a warning, another line that is not JSON is an error (as the reference reads);
 2. frames are numbered per (capture, connection, direction, correlation id) and
    requests joined with responses on (capture, connection, correlation id, n);
 3. pairs are decoded on the executors with ``mapInArrow``: each Python worker
@@ -65,7 +66,7 @@ from kinspect.analysis.summary import AnalysisResult
 #: JSON fields of a capture line the job reads (others are ignored)
 LINE_DDL = ("type STRING, ts_ns BIGINT, conn BIGINT, dir STRING, client STRING, "
             "upstream STRING, flow BIGINT, api_key INT, api_version INT, correlation_id INT, "
-            "frame STRING, frame_sent STRING, flags ARRAY<STRING>")
+            "frame STRING, frame_sent STRING, flags ARRAY<STRING>, start_ns BIGINT, part INT")
 
 
 @dataclass
@@ -345,14 +346,18 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     from pyspark.sql import functions as F
 
     from kinspect.capture import CaptureError
+    from kinspect.flows import NO_RESPONSE, UNPAIRED
 
     names = {}
+    part_of = {}
     paths = []
     for name, parts in captures:
-        for p in parts:
+        for i, p in enumerate(parts):
             if isinstance(p, str):  # a URI
                 paths.append(p)
                 continue
+            part_of[p.name] = i
+            part_of.setdefault(quote(p.name), i)
             with open(p, "rb") as fh:
                 if fh.read(2) == b"\x1f\x8b" and not p.name.endswith(".gz"):
                     raise CaptureError("gzip-compressed but not named *.gz: Spark picks "
@@ -368,12 +373,38 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     if names:
         mapping = F.create_map(*[F.lit(x) for kv in names.items() for x in kv])
         capture = F.coalesce(mapping[F.col("file")], F.col("file"))
-    lines = raw.select(F.from_json("value", LINE_DDL).alias("r"), "file", "line")
+    part = F.lit(0)
+    if part_of:
+        mapping = F.create_map(*[F.lit(x) for kv in part_of.items() for x in kv])
+        part = F.coalesce(mapping[F.col("file")], F.lit(0))
+    # a line that is not JSON, or holds a value of another type, keeps its text in
+    # _corrupt (Spark gives its fields as nulls): _check_lines looks at those
+    lines = raw.select(F.from_json("value", LINE_DDL + ", _corrupt STRING",
+                                   {"columnNameOfCorruptRecord": "_corrupt"}).alias("r"),
+                       "value", "file", "line", capture.alias("capture"),
+                       part.alias("part_idx"))
+    sessions = _check_lines(raw, lines)
+    conn_base, flow_base = _segment_bases(lines, sessions)
     frames = (lines.where((F.col("r.type") == "frame") & F.col("r.dir").isin("req", "resp"))
-              .select("r.*", capture.alias("capture"), "line")
+              .select("r.*", "capture", "line", "part_idx")
+              .withColumn("conn", F.col("conn") + conn_base)
+              .withColumn("flow", F.col("flow") + flow_base)
               .withColumn("correlation_id", F.coalesce("correlation_id", F.lit(-1))))
-    w = Window.partitionBy("capture", "conn", "dir", "correlation_id").orderBy("ts_ns", "line")
-    frames = frames.withColumn("seq", F.row_number().over(w))
+    # (definitions: reference.pair_frames) acks=0 Produce requests and responses the
+    # proxy found unpaired are numbered apart, with negative numbers that match nothing
+    empty = F.array().cast("array<string>")
+    flags = F.coalesce(F.col("flags"), empty)
+    solo = F.when(F.col("dir") == "req", F.array_contains(flags, NO_RESPONSE)) \
+        .otherwise(F.array_contains(flags, UNPAIRED))
+    frames = frames.withColumn("solo", solo)
+    # line numbers go in file order within a file only (Spark packs a capture's parts
+    # into partitions largest first): the part's index orders the parts, as the
+    # reference's running line number does
+    w = Window.partitionBy("capture", "conn", "dir", "correlation_id", "solo") \
+        .orderBy("ts_ns", "part_idx", "line")
+    n = F.row_number().over(w)
+    frames = frames.withColumn(
+        "seq", F.when(~F.col("solo"), n).when(F.col("dir") == "req", -2 * n).otherwise(1 - 2 * n))
     key = ["capture", "conn", "correlation_id", "seq"]
     req = frames.where(F.col("dir") == "req").select(
         *key, F.col("flow").alias("req_flow"), F.col("client").alias("req_client"),
@@ -398,6 +429,108 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
         F.coalesce("resp_flags", empty).alias("resp_flags"),
         "resp_sent_bytes")
     return pairs
+
+
+#: keys of frame and conn lines that must hold integers (kinspect.capture._INT_KEYS)
+_INT_KEYS = ("conn", "ts_ns", "flow", "api_key", "api_version", "correlation_id")
+
+
+def _check_lines(raw, lines) -> list:
+    """Read the capture lines once on the executors for what the driver must know
+    before pairing, and return the session lines (few) it collected.
+
+    As :func:`kinspect.capture.read_capture` (the reference's reader) does, a line
+    that is not a JSON object is skipped with a :class:`CaptureWarning` when it is
+    the last of its file (torn by a crash), and is a :class:`CaptureError` anywhere
+    else; so is a frame or conn line whose id is not an integer. Without this, such
+    a line parsed to null and its frame was left out without a word.
+    """
+    import json
+    import warnings
+
+    from pyspark.sql import functions as F
+
+    from kinspect.capture import CaptureError, CaptureWarning
+
+    corrupt = F.col("r._corrupt").isNotNull() & (F.trim(F.col("value")) != "")
+    not_json = corrupt & F.col("r.type").isNull()
+    bad_int = corrupt & F.col("r.type").isin("frame", "conn")
+    marked = (lines.where((F.col("r.type") == "session") | not_json | bad_int)
+              .select("capture", "part_idx", "line", "file", "r.start_ns", "r.part",
+                      not_json.alias("not_json"), bad_int.alias("bad_int"),
+                      F.when(not_json | bad_int, F.col("value")).alias("value"))
+              .collect())
+    for r in marked:
+        if r["bad_int"]:
+            try:
+                rec = json.loads(r["value"])
+            except ValueError:
+                raise CaptureError("a line other than the last is not a JSON object "
+                                   f"({r['value'][:60]!r}...)", r["file"]) from None
+            key = next((k for k in _INT_KEYS if rec.get(k) is not None
+                        and type(rec.get(k)) is not int), None)
+            if key is None:  # e.g. an integer beyond 64 bits, a frame that is no string
+                raise CaptureError(f"a value of the wrong type: {r['value'][:80]!r}",
+                                   r["file"])
+            raise CaptureError(f"{key!r} must be an integer, got {json.dumps(rec[key])}",
+                               r["file"])
+    torn = [r for r in marked if r["not_json"]]
+    if torn:
+        files = sorted({r["file"] for r in torn})
+        last = dict(raw.where(F.col("file").isin(files) & (F.trim(F.col("value")) != ""))
+                    .groupBy("file").agg(F.max("line")).collect())
+        for r in torn:
+            if r["line"] != last[r["file"]]:
+                raise CaptureError("a line other than the last is not a JSON object "
+                                   f"({r['value'][:60]!r}...)", r["file"])
+            warnings.warn(f"{r['file']}: torn last line skipped ({len(r['value'])} chars)",
+                          CaptureWarning, stacklevel=3)
+    return [r for r in marked if not r["not_json"] and not r["bad_int"]]
+
+
+def _segment_bases(lines, sessions: list):
+    """``(conn_base, flow_base)`` columns for the lines of :func:`read_pairs`: 0, or
+    in a capture with captures appended to it (``cat a.jsonl b.jsonl``), for each
+    one after the first, the ids to move its connections and flows past (the rule
+    of :func:`kinspect.analysis.reference.read_frames`), computed on the driver
+    from the ``sessions`` lines (:func:`_check_lines`)."""
+    from pyspark.sql import functions as F
+
+    from kinspect.analysis.reference import segment_bases, segment_starts
+
+    zero = F.lit(0).cast("bigint")
+    by_capture: dict[str, list] = {}
+    for r in sorted(sessions, key=lambda r: (r["capture"], r["part_idx"], r["line"])):
+        by_capture.setdefault(r["capture"], []).append(r)
+    seg = zero
+    segments: dict[str, int] = {}
+    for cap, rows in by_capture.items():
+        k = 0
+        for r, new in zip(rows, segment_starts([(r["start_ns"], r["part"]) for r in rows]),
+                          strict=True):
+            if new:
+                k += 1
+                after = (F.col("part_idx") > r["part_idx"]) | (
+                    (F.col("part_idx") == r["part_idx"]) & (F.col("line") >= r["line"]))
+                seg = F.when((F.col("capture") == cap) & after, F.lit(k)).otherwise(seg)
+        if k:
+            segments[cap] = k + 1
+    if not segments:
+        return zero, zero
+    maxima = (lines.where(F.col("r.type").isin("conn", "frame")
+                          & F.col("capture").isin(list(segments)))
+              .groupBy("capture", seg.alias("seg"))
+              .agg(F.max("r.conn").alias("conn"), F.max("r.flow").alias("flow")).collect())
+    got = {(r["capture"], r["seg"]): (r["conn"], r["flow"]) for r in maxima}
+    conn_base = flow_base = zero
+    for cap, n in segments.items():
+        bases = segment_bases([got.get((cap, k), (None, None)) for k in range(n)])
+        for k, (cb, fb) in enumerate(bases):
+            if k:
+                here = (F.col("capture") == cap) & (seg == k)
+                conn_base = F.when(here, F.lit(cb).cast("bigint")).otherwise(conn_base)
+                flow_base = F.when(here, F.lit(fb).cast("bigint")).otherwise(flow_base)
+    return conn_base, flow_base
 
 
 def _rank(col: str, p: int):

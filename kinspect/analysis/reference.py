@@ -8,9 +8,15 @@ baseline of ``bench/analyze.py``.
 Definitions shared with :mod:`kinspect.analysis.job` (keep them in step):
 
 * pairing: frame lines are numbered per (capture, connection, direction,
-  correlation id) in ``(ts_ns, line number)`` order; the n-th request pairs with
-  the n-th response of the same key (``seq``). Lines of a capture's rotated parts
-  form one capture, named after the first part's file name.
+  correlation id) in ``(ts_ns, line number)`` order (a null ``ts_ns`` first); the
+  n-th request pairs with the n-th response of the same key (``seq``). Requests
+  flagged ``no-response`` (acks=0 Produce) and responses flagged ``unpaired`` are
+  numbered apart and pair with nothing (negative ``seq``: -2n, 1-2n), as the proxy
+  paired them: they must not shift the pairing of a correlation id used again.
+  Lines of a capture's rotated parts form one capture, named after the first
+  part's file name. Captures appended to each other in one file (``cat a.jsonl
+  b.jsonl``) have the connection and flow ids of each one after the first moved
+  past those before it (:func:`read_frames`), as every capture reader does.
 * percentiles: nearest rank (:func:`~kinspect.analysis.kernel.nearest_rank`).
 * clients: a connection's software name/version is the one its first ApiVersions
   v3+ request carried (by request time, then flow id), applied to all its flows.
@@ -29,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ..codec.whatif import VarintSizer
+from ..flows import NO_RESPONSE, UNPAIRED
 from . import schema
 from .kernel import FlowAnalyzer, load_registry, nearest_rank
 
@@ -90,18 +97,70 @@ def capture_files(paths: Iterable[str | os.PathLike]) -> list[tuple[str, list[Pa
     return out
 
 
+def segment_bases(maxima: Iterable[tuple[int | None, int | None]]) -> list[tuple[int, int]]:
+    """``[(conn_base, flow_base)]`` per segment of one capture (see
+    :func:`segment_starts`), given each segment's ``(highest conn, highest flow)``
+    (``None``: none seen): a segment after the first starts past the highest
+    connection and flow id before it, as :func:`read_frames` numbers them."""
+    out = []
+    max_conn = max_flow = 0
+    for i, (mc, mf) in enumerate(maxima):
+        base = (max_conn, max_flow) if i else (0, 0)
+        out.append(base)
+        if mc is not None:
+            max_conn = max(max_conn, mc + base[0])
+        if mf is not None:
+            max_flow = max(max_flow, mf + base[1])
+    return out
+
+
+def segment_starts(sessions: list[tuple[Any, Any]]) -> list[bool]:
+    """For each session line ``(start_ns, part)`` of a capture in order: does it start
+    a new segment (a capture appended to another: ``cat a.jsonl b.jsonl``), rather
+    than go on with the one before (the first line, or a rotated part: same
+    ``start_ns`` and ``part`` > 0)? The rule of :func:`kinspect.capture.flows_from_records`."""
+    out = []
+    start: Any = None
+    for i, (start_ns, part) in enumerate(sessions):
+        out.append(bool(i) and (not part or start_ns != start))
+        start = start_ns
+    return out
+
+
 def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
-    """Frame records with ``capture`` and ``line`` (running number) added."""
+    """Frame records with ``capture`` and ``line`` (running number) added. Captures
+    appended to each other in one file number their connections and flows from 1
+    again: those of each one after the first are moved past the ids used before
+    it, as every capture reader does (:func:`kinspect.capture.flows_from_records`),
+    so that two connections never merge."""
     from ..capture import read_capture
 
     for name, parts in captures:
         line = 0
+        conn_base = flow_base = max_conn = max_flow = 0
+        sessions = 0
+        start: Any = None
         for part in parts:
             for rec in read_capture(part, parts=False):
                 line += 1
-                if rec.get("type") != "frame":
+                typ = rec.get("type")
+                if typ == "session":
+                    if sessions and (not rec.get("part") or rec.get("start_ns") != start):
+                        conn_base, flow_base = max_conn, max_flow
+                    sessions += 1
+                    start = rec.get("start_ns")
+                    continue
+                conn = rec.get("conn")
+                if typ in ("conn", "frame") and type(conn) is int:
+                    max_conn = max(max_conn, conn + conn_base)
+                if typ != "frame":
                     continue
                 rec = dict(rec)
+                if type(conn) is int:
+                    rec["conn"] = conn + conn_base
+                if type(rec.get("flow")) is int:
+                    rec["flow"] += flow_base
+                    max_flow = max(max_flow, rec["flow"])
                 rec["capture"] = name
                 rec["line"] = line
                 yield rec
@@ -113,6 +172,23 @@ def _b64(text: str | None) -> bytes | None:
     return None if text is None else _b64decode(text)
 
 
+def _solo(rec: dict) -> bool:
+    """A frame that pairs with nothing: a request the proxy knew expects no response
+    (acks=0 Produce, flag ``no-response``) or a response it found no request for
+    (flag ``unpaired``)."""
+    flags = rec.get("flags") or ()
+    return (NO_RESPONSE in flags) if rec.get("dir") == "req" else (UNPAIRED in flags)
+
+
+def _seq(n: int, direction: str, solo: bool) -> int:
+    """The pairing number of the ``n``-th frame of its group: ``n``, or for a solo
+    frame a negative number no frame of the other direction has (-2n requests,
+    1-2n responses)."""
+    if not solo:
+        return n
+    return -2 * n if direction == "req" else 1 - 2 * n
+
+
 def pair_frames(frames: Iterable[dict]) -> list[dict]:
     """Pairs (dicts with :data:`~kinspect.analysis.schema.PAIR`'s columns), in
     (capture, connection, correlation id, seq) order."""
@@ -122,12 +198,14 @@ def pair_frames(frames: Iterable[dict]) -> list[dict]:
         if d not in ("req", "resp"):
             continue
         corr = rec.get("correlation_id")
-        groups[(rec["capture"], int(rec["conn"]), d, -1 if corr is None else corr)].append(rec)
+        groups[(rec["capture"], int(rec["conn"]), d, -1 if corr is None else corr,
+                _solo(rec))].append(rec)
     keyed: dict[tuple, dict[str, dict]] = defaultdict(dict)
-    for (capture, conn, d, corr), recs in groups.items():
-        recs.sort(key=lambda r: (r.get("ts_ns"), r["line"]))
-        for seq, rec in enumerate(recs, 1):
-            keyed[(capture, conn, corr, seq)][d] = rec
+    for (capture, conn, d, corr, solo), recs in groups.items():
+        # like Spark's ascending order: a null ts_ns first
+        recs.sort(key=lambda r: (r.get("ts_ns") is not None, r.get("ts_ns") or 0, r["line"]))
+        for n, rec in enumerate(recs, 1):
+            keyed[(capture, conn, corr, _seq(n, d, solo))][d] = rec
     pairs = []
     for key in sorted(keyed, key=lambda k: (k[0], k[1], k[2], k[3])):
         capture, conn, corr, seq = key

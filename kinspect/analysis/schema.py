@@ -18,6 +18,8 @@ PAIR = pa.schema([
     ("conn", pa.int64()),
     ("correlation_id", pa.int32()),
     ("seq", pa.int32()),               # n-th use of this correlation id on the connection
+    #                                    (negative: a frame that pairs with nothing, see
+    #                                    kinspect.analysis.reference)
     ("flow", pa.int64()),
     ("client", pa.string()),
     ("upstream", pa.string()),

@@ -16,7 +16,8 @@ spec defines there, 10000, and 2^31-1; payloads: 0 B, 1 B, 1 KiB, 1 MiB.
 
   ✓ tolerated: the answer equals the baseline (fields that differ between two
     baseline answers, and ThrottleTimeMs, are ignored)
-  E<n> error code n     ≠ a different answer without an error code
+  E<n> a new error code n (not in the baseline's answer)
+  ≠ a different answer without a new error code
   ✗ disconnect          T timeout      ? undecodable answer      - not run
 
 The client side (does *my client* skip unknown tags?): run the proxy with rules
