@@ -2062,6 +2062,19 @@ async def test_a_connection_closing_pairs_its_short_path_frames_first(tansu, uni
         assert not any(CLOSED in f.flags for f in second)
 
 
+async def _metadata_at_versions_no_one_supports(proxy) -> "Raw":
+    """An ApiVersions request (correlation id 1), then Metadata requests naming api
+    versions 100..159 (ids 2..61), each answered through ``proxy``; returns the
+    open connection."""
+    raw = await Raw.open(*proxy.address)
+    await roundtrip(raw, api_versions(1))
+    for i, version in enumerate(range(100, 160)):
+        req = bytearray(metadata(2 + i))
+        struct.pack_into(">h", req, 2, version)
+        assert corr_of(await roundtrip(raw, bytes(req))) == 2 + i
+    return raw
+
+
 async def test_request_headers_naming_any_api_version_do_not_grow_the_proxy(
         tansu, monkeypatch):
     """The proxy remembers per (api key, api version) whether answers may carry
@@ -2074,12 +2087,7 @@ async def test_request_headers_naming_any_api_version_do_not_grow_the_proxy(
     monkeypatch.setattr(server, "_CACHE_MAX", 20)
     monkeypatch.setattr(protocol, "_CACHE_MAX", 20)
     async with running_proxy(tansu.bootstrap) as (proxy, rec):
-        raw = await Raw.open(*proxy.address)
-        await roundtrip(raw, api_versions(1))
-        for i, version in enumerate(range(100, 160)):  # versions no one supports
-            req = bytearray(metadata(2 + i))
-            struct.pack_into(">h", req, 2, version)
-            assert corr_of(await roundtrip(raw, bytes(req))) == 2 + i
+        raw = await _metadata_at_versions_no_one_supports(proxy)
         assert 0 < len(proxy._rw_cache) <= 20
         await proxy.pipeline.drained()  # (decoded: header versions looked up)
         assert sorted(f.correlation_id for f in rec.flows) == list(range(1, 62))
@@ -2104,12 +2112,7 @@ async def test_request_headers_naming_any_api_version_do_not_grow_the_rules(
              rules_mod.parse_flag("inject", "Metadata:response:top:tag=1000:hex=cafe")],
             proxy.codec)
         ruleset.install(proxy)
-        raw = await Raw.open(*proxy.address)
-        await roundtrip(raw, api_versions(1))
-        for i, version in enumerate(range(100, 160)):  # versions no one supports
-            req = bytearray(metadata(2 + i))
-            struct.pack_into(">h", req, 2, version)
-            assert corr_of(await roundtrip(raw, bytes(req))) == 2 + i
+        raw = await _metadata_at_versions_no_one_supports(proxy)
         known = [k for k in ruleset._index
                  if ruleset._spec(k[0], k[1]) is not None
                  and ruleset._spec(k[0], k[1]).valid_versions.contains(k[2])]

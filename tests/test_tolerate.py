@@ -79,7 +79,9 @@ def test_normalize_and_diff_ignore_volatile_fields():
     assert diff_paths({"x": [1, 2]}, {"x": [1]}) == {("x",)}
 
 
-def test_classify(codec):
+def _metadata_v12_answer(codec):
+    """``frame(body dict)``: a Metadata v12 response frame (header v1, correlation
+    id 1) with that body."""
     from kinspect.codec import Response
 
     cls = codec.response_codec(3).cls
@@ -88,6 +90,12 @@ def test_classify(codec):
     def frame(body):
         return codec.encode_response(Response(3, 12, 1, 1, hcls(CorrelationId=1),
                                               cls.from_dict(body), 0, "Metadata", 12))
+
+    return frame
+
+
+def test_classify(codec):
+    frame = _metadata_v12_answer(codec)
 
     ok = {"Topics": [{"Name": "t", "ErrorCode": 0}]}
     base = normalize(codec.decode_response(frame(ok), 3, 12).body.to_dict())
@@ -247,14 +255,7 @@ def test_classify_counts_only_an_error_code_the_baseline_did_not_carry(codec):
     UNKNOWN_TOPIC_OR_PARTITION) and a variant answered with the same error but
     otherwise different: the tag did not cause that error, so the cell is
     ``different``; a code the baseline lacked is an ``error`` with that code."""
-    from kinspect.codec import Response
-
-    cls = codec.response_codec(3).cls
-    hcls = codec.registry.header("ResponseHeader").cls
-
-    def frame(body):
-        return codec.encode_response(Response(3, 12, 1, 1, hcls(CorrelationId=1),
-                                              cls.from_dict(body), 0, "Metadata", 12))
+    frame = _metadata_v12_answer(codec)
 
     missing = {"Topics": [{"Name": "t", "ErrorCode": 3}]}
     base = normalize(codec.decode_response(frame(missing), 3, 12).body.to_dict())
