@@ -44,10 +44,11 @@ Guarantees:
   closed the pipe, or exited, even by SIGKILL) it writes everything it received and
   closes the file (frames in the ring included: its memory lives as long as
   the child maps it), then exits quietly (a proxy killed outright cannot read its
-  counts: they are not reported). A killed proxy loses what it had not handed on yet: frames
-  whose headers were still queued (the last ``BATCH_DELAY`` seconds' or
-  ``BATCH_BYTES`` while the child keeps up; while it is behind and the pipe is full,
-  up to the backlog at which the proxy pauses, 16 MiB) and, before that, flows still in the pipeline's batch (see
+  counts: they are not reported). A killed proxy loses what it had not handed on
+  yet: frames whose headers were still queued (the last ``BATCH_DELAY`` seconds' or
+  ``BATCH_BYTES`` while the child keeps up; while it is behind and the pipe is
+  full, up to the backlog at which the proxy pauses, 16 MiB) and, before that,
+  flows still in the pipeline's batch (see
   :class:`~kinspect.proxy.pipeline.Pipeline`: up to its ``delay``). The child runs
   in its own session, so a Ctrl-C meant for the proxy does not cut it short, and
   ignores SIGTERM, SIGINT and SIGHUP, so neither does a stop signal sent to every
