@@ -239,9 +239,11 @@ def test_serve_banner_prints_the_capture_name_as_it_is(recorded, tmp_path):
 
 async def test_wildcard_ipv6_listener_advertises_an_address_it_accepts(recorded):
     """Listening on ``::`` (asyncio makes it IPv6-only), the broker addresses served
-    must be reachable: a real client bootstraps on [::1] and follows them."""
+    must be reachable: ::1, not 127.0.0.1. A real client bootstraps on [::1] and
+    follows them (tests listen on loopback only: ``::1``, where ``::`` advertises)."""
     flows = load_flows(recorded, codec())
-    async with CaptureBroker(codec(), flows, ("::", 0)) as broker:
+    assert CaptureBroker(codec(), flows, ("::", 0)).address[0] == "::1"
+    async with CaptureBroker(codec(), flows, ("::1", 0)) as broker:
         port = broker.address[1]
         consumed = await roundtrip_async("kafka-python", f"[::1]:{port}", VALUES, topic=TOPIC,
                                          group=GROUP, timeout=20)
@@ -250,16 +252,18 @@ async def test_wildcard_ipv6_listener_advertises_an_address_it_accepts(recorded)
 
 
 async def test_any_free_port_on_every_address_is_one_port(recorded):
-    """``("", 0)``: one socket per address family; each must listen on the port
-    advertised, whichever family a client reaches it by."""
+    """Port 0 on several addresses (the wildcard ``""``, a name with IPv4 and IPv6
+    addresses; here the two loopback addresses, tests listen on loopback only): one
+    socket per address; each must listen on the port advertised, whichever family a
+    client reaches it by."""
     flows = load_flows(recorded, codec())
     rec = next(f for f in flows if f.api_name == "ApiVersions")
-    async with CaptureBroker(codec(), flows, ("", 0)) as broker:
+    async with CaptureBroker(codec(), flows, (["127.0.0.1", "::1"], 0),
+                             advertise_host="127.0.0.1") as broker:
         port = broker.address[1]
         families = {s.family: s.getsockname()[1] for s in broker._server.sockets}
+        assert len(families) == 2, "no socket on ::1: no IPv6 loopback on this machine?"
         assert set(families.values()) == {port}
         for addr in ("127.0.0.1", "::1"):
-            if any(s.family == (socket.AF_INET6 if ":" in addr else socket.AF_INET)
-                   for s in broker._server.sockets):
-                (resp,) = await exchange(addr, port, [rec.request])
-                assert codec().decode_response(resp, 18, rec.api_version).body.ErrorCode == 0
+            (resp,) = await exchange(addr, port, [rec.request])
+            assert codec().decode_response(resp, 18, rec.api_version).body.ErrorCode == 0
