@@ -997,8 +997,8 @@ async def test_capture_process_hands_small_frames_on_after_the_batch_delay(tmp_p
             flow = Flow(i + 1, 1, "c:1", "u:1", 18, 3, i, "ApiVersions", b"\x00" * 40, i)
             child.on_request(flow)
         assert child.backlog_bytes > 0 and child._timer is not None
-        await asyncio.sleep(0.001)
-        assert child.backlog_bytes > 0  # still batching
+        await asyncio.sleep(0)  # a turn of the loop (a timed wait could outlast the delay)
+        assert child.backlog_bytes > 0 and child._queued > 0  # still batching
         await asyncio.sleep(capture_process.BATCH_DELAY * 3)
         assert child._queued == 0 and child._timer is None  # all in the pipe
         deadline = time.monotonic() + 10

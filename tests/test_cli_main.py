@@ -157,7 +157,12 @@ def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, t
                 if time.monotonic() > deadline or proc.poll() is not None:
                     raise AssertionError("proxy did not come up")
                 time.sleep(0.1)
-        time.sleep(1.0)  # past the pipeline's and the hand-off's batching delays
+        # the answer handed on to the child and written (flush_interval): not a fixed
+        # wait, which a busy machine can outlast
+        while b'"dir":"resp"' not in (capture.read_bytes() if capture.exists() else b""):
+            assert time.monotonic() < deadline + 30 and proc.poll() is None, \
+                "the capture child never wrote the answer"
+            time.sleep(0.05)
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
@@ -182,10 +187,16 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "kinspect", "decode", "--jsonl", str(big)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
-    assert proc.stdout.read(100)
-    proc.stdout.close()
-    err = proc.stderr.read().decode()
-    assert proc.wait(timeout=60) != 0  # it did not finish its job
+    try:
+        assert proc.stdout.read(100)
+        proc.stdout.close()
+        err = proc.stderr.read().decode()
+        assert proc.wait(timeout=60) != 0  # it did not finish its job
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
     assert "Traceback" not in err and "Broken pipe" not in err and "Errno 32" not in err, err
 
 
@@ -303,8 +314,13 @@ def test_the_capture_names_the_port_the_proxy_listens_on(tansu, tmp_path):
         address = line.split("listening on ", 1)[1].split(",", 1)[0]
     finally:
         proc.send_signal(signal.SIGINT)
-        proc.wait(30)
-        proc.stderr.close()
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:  # ignored SIGINT: still stopped, and the test fails
+                proc.kill()
+                proc.wait()
+            proc.stderr.close()
     session = json.loads(capture.read_text().splitlines()[0])
     assert session["type"] == "session"
     assert not address.endswith(":0")

@@ -249,10 +249,11 @@ class ProxyProcess:
         self.port = free_port()
         self.out = open(tmp / "proxy.out", "wb")
         self.err_path = tmp / "proxy.err"
+        self.err = open(self.err_path, "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "kinspect", "proxy", "--no-tui", "--upstream", upstream,
              "--listen", f"127.0.0.1:{self.port}", *extra],
-            stdout=self.out, stderr=open(self.err_path, "wb"), stdin=subprocess.DEVNULL,
+            stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL,
             cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
         deadline = time.monotonic() + 30
         while b"listening on" not in self.err_path.read_bytes():
@@ -279,6 +280,7 @@ class ProxyProcess:
             raise AssertionError(f"proxy ignored {sig!r} for {timeout} s:\n{self.stderr()}")
         finally:
             self.out.close()
+            self.err.close()
 
 
 # ---------------------------------------------------------------------------
@@ -1447,9 +1449,11 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
                 got.append(await raw.read())
             sent.append(api_versions(24))
             whole = frame(sent[-1])
+            read = proxy.stats.bytes_from_clients
             raw.writer.write(whole[:6])  # a frame in two reads
             await raw.writer.drain()
-            await asyncio.sleep(0.05)
+            await wait_for(lambda: proxy.stats.bytes_from_clients == read + 6,
+                           what="the proxy to read the first piece")
             raw.writer.write(whole[6:])
             got.append(await raw.read())
             before = general["upstream_data"]
@@ -1819,9 +1823,11 @@ async def test_frames_reach_the_pipeline_in_arrival_order_across_connections(tan
             await roundtrip(raw, api_versions(corr))
             order.append((raw, corr))
         whole = frame(api_versions(5))  # b, in two reads: b's long path
+        read = proxy.stats.bytes_from_clients
         b.writer.write(whole[:6])
         await b.writer.drain()
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: proxy.stats.bytes_from_clients == read + 6,
+                       what="the proxy to read the first piece")
         b.writer.write(whole[6:])
         assert corr_of(await b.read()) == 5
         for raw, corr in ((a, 5), (b, 6), (a, 6)):
@@ -1847,9 +1853,11 @@ async def test_a_reused_correlation_id_is_checked_as_the_request_it_answers(tans
         raw = await Raw.open(*proxy.address)
         await roundtrip(raw, api_versions(1))
         whole = frame(metadata(5))  # in two reads: the long path, paired at once
+        read = proxy.stats.bytes_from_clients
         raw.writer.write(whole[:6])
         await raw.writer.drain()
-        await asyncio.sleep(0.05)
+        await wait_for(lambda: proxy.stats.bytes_from_clients == read + 6,
+                       what="the proxy to read the first piece")
         raw.writer.write(whole[6:])
         assert corr_of(await raw.read()) == 5
         again = await roundtrip(raw, api_versions(5))
@@ -1952,6 +1960,19 @@ async def test_an_acks0_produce_reusing_an_id_does_not_hide_the_request_that_has
         raw.close()
 
 
+def _whole_frames_waiting(sock: socket.socket) -> int:
+    """Whole frames in ``sock``'s receive queue, not read (MSG_PEEK)."""
+    try:
+        data = sock.recv(1 << 22, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        return 0
+    n = pos = 0
+    while pos + 4 <= len(data) and pos + 4 + struct.unpack_from(">i", data, pos)[0] <= len(data):
+        pos += 4 + struct.unpack_from(">i", data, pos)[0]
+        n += 1
+    return n
+
+
 async def test_an_answer_read_with_the_one_before_it_is_checked_as_its_own(tansu, unique):
     """Two answers of one correlation id in one read (here the Fetch v16 answer and
     the broker's answer to an acks=0 Produce reusing its id, read together as they
@@ -1971,7 +1992,12 @@ async def test_an_answer_read_with_the_one_before_it_is_checked_as_its_own(tansu
         read = conn.resp_cut.consumed
         raw.send(fetch_v16(7, topic_id),
                  produce(7, topic, record_batch([b"x"]), acks=0, version=10))
-        await asyncio.sleep(0.5)  # both answered meanwhile (Tansu answers acks=0 too)
+        # both answered meanwhile (Tansu answers acks=0 too): two whole frames wait
+        up = socket.socket(fileno=os.dup(conn.up_tr.get_extra_info("socket").fileno()))
+        try:
+            await wait_for(lambda: _whole_frames_waiting(up) >= 2, what="both answers")
+        finally:
+            up.close()
         conn.resume_upstream()
         answers = [await raw.read(), await raw.read()]
         assert [corr_of(a) for a in answers] == [7, 7]
