@@ -66,7 +66,8 @@ def test_acks_zero_produce_is_not_awaited():
 def test_sasl_handshake_v0_switches_to_raw_tokens_until_a_request_header():
     t = tracker()
     hs = t.request(request_bytes(17, 0, 1, Mechanism="PLAIN"), 1)
-    t.response(response_bytes(17, 0, 1, ErrorCode=0, Mechanisms=["PLAIN"]), 2)
+    hs_answer = response_bytes(17, 0, 1, ErrorCode=0, Mechanisms=["PLAIN"])
+    assert t.response(hs_answer, 2) is hs
     assert t.sasl_raw
     token = b"\x00user\x00secret"
     tok = t.request(token, 3)
@@ -76,7 +77,7 @@ def test_sasl_handshake_v0_switches_to_raw_tokens_until_a_request_header():
     after = t.request(request_bytes(3, 12, 2, Topics=None), 5)
     assert not t.sasl_raw and after.api_name == "Metadata"
     assert t.response(response_bytes(3, 12, 2), 6) is after
-    assert hs.response is not None
+    assert hs.response == hs_answer
 
 
 def test_short_raw_sasl_tokens_are_tokens_not_malformed_requests():
