@@ -18,7 +18,8 @@ Terms:
 
 ==================  ===============================================================
 ``~api X``          api name (case-insensitive: ``Produce``, ``produce``) or api key
-                    (``~api 0``); also ``SaslToken``, ``Unpaired``, ``Malformed``
+                    (``~api 0``); also ``SaslToken``, ``Unpaired``, ``Malformed``;
+                    the commands refuse a name no loaded spec defines
 ``~v N``            api version: ``9``, ``7-9``, ``7-``, ``0-3``, ``1,3,5-6``
                     (see *Numbers* below; a negative number is an error)
 ``~dir D``          direction ``req``, ``resp`` or ``req|resp`` (frame level: on a
@@ -423,12 +424,16 @@ TERMS: dict[str, _TermSpec] = {
 # ---------------------------------------------------------------------------
 
 _OPS = "()&|!"
+#: api names of flows that no spec names (raw SASL tokens, unpaired responses,
+#: frames without a readable header)
+_PSEUDO_APIS = ("SaslToken", "Unpaired", "Malformed")
 
 
 class _Parser:
-    def __init__(self, text: str):
+    def __init__(self, text: str, api_names: Iterable[str] | None = None):
         self.text = text
         self.pos = 0
+        self.api_names = None if api_names is None else list(api_names)
 
     def err(self, reason: str, pos: int | None = None) -> FilterError:
         return FilterError(reason, self.text, self.pos if pos is None else pos)
@@ -528,8 +533,27 @@ class _Parser:
         def err(reason: str) -> FilterError:
             return FilterError(f"~{name}: {reason}", self.text, arg_pos)
 
+        if name.lower() == "api" and self.api_names is not None:
+            self.check_api_name(arg, err)
         f = _Term(spec.build(arg, err))
         return f
+
+    def check_api_name(self, arg: str, err) -> None:
+        """Refuse an api name that no spec defines (a typo would match nothing)."""
+        name = arg.lower()
+        for suffix in ("request", "response"):
+            if name.endswith(suffix) and len(name) > len(suffix):
+                name = name[: -len(suffix)]
+        known = self.api_names + list(_PSEUDO_APIS)
+        if (re.fullmatch(r"-?\d+|apikey\(-?\d+\)", name)
+                or name in (k.lower() for k in known)):
+            return
+        import difflib
+
+        close = difflib.get_close_matches(arg, known, n=3, cutoff=0.6)
+        raise err(f"no api is named {arg!r}"
+                  + (f" (did you mean {', '.join(close)}?)" if close else
+                     " (kinspect specs lists the api names; ~api also takes a key: ~api 0)"))
 
     def parse_arg(self, allow_bar: bool) -> str | None:
         if self.pos >= len(self.text):
@@ -562,12 +586,16 @@ class _Parser:
         return self.text[start:self.pos]
 
 
-def parse(expr: str) -> Filter:
+def parse(expr: str, api_names: Iterable[str] | None = None) -> Filter:
     """Compile a filter expression (see the module docstring).
+
+    ``api_names``: the api names the codec knows (``"Metadata"``, ...); when given,
+    ``~api`` refuses any other name (besides ``SaslToken``, ``Unpaired``,
+    ``Malformed`` and ``ApiKey(N)``) instead of matching nothing.
 
     Raises:
         FilterError: with the position of the problem.
     """
-    f = _Parser(expr).parse()
+    f = _Parser(expr, api_names).parse()
     f.text = expr
     return f

@@ -46,6 +46,27 @@ def test_api_by_name_any_case_and_by_key(flows):
     assert select("~api NoSuchApi", flows) == []
 
 
+def test_an_api_name_no_spec_defines_is_refused_when_names_are_given(flows):
+    """With the codec's api names (as the commands pass them), a misspelt ``~api``
+    is an error at its position, with the close names, not a filter matching
+    nothing; names, keys, request/response suffixes and the pseudo apis pass."""
+    from kinspect.commands import api_names
+
+    names = api_names(CODEC)
+    with pytest.raises(FilterError) as ei:
+        parse("~v 9 & ~api Produc", names)
+    assert ei.value.position == len("~v 9 & ~api ")
+    assert "Produc" in ei.value.reason and "Produce" in ei.value.reason, ei.value
+    with pytest.raises(FilterError):
+        parse("~api NoSuchApi", names)
+    produce = ids(flows, lambda f: f.api_key == 0)
+    for expr in ("~api produce", "~api ProduceRequest", "~api 0"):
+        f = parse(expr, names)
+        assert [fl.id for fl in flows if f.matches(fl)] == produce
+    for expr in ("~api SaslToken", "~api Unpaired", "~api Malformed", '~api "ApiKey(99)"'):
+        parse(expr, names)
+
+
 @pytest.mark.parametrize("arg,pred", [
     ("4", lambda v: v == 4),
     ("7-9", lambda v: 7 <= v <= 9),

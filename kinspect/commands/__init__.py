@@ -31,6 +31,11 @@ def make_codec(args: argparse.Namespace):
     return Codec(SpecRegistry.load(args.specs))
 
 
+def api_names(codec) -> list[str]:
+    """The api names ``codec``'s specs define, for :func:`kinspect.filters.parse`."""
+    return [codec.api_name(k) for k in codec.registry.api_keys()]
+
+
 def hostport(text: str) -> tuple[str, int]:
     """argparse type for ``HOST:PORT`` (``[::1]:PORT`` for IPv6)."""
     from ..proxy.server import parse_hostport

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import add_spec_options, make_codec, plain_help
+from . import add_spec_options, api_names, make_codec, plain_help
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from ..export import export_pcapng
     from ..filters import parse
 
-    flt = parse(args.filter) if args.filter else None
     codec = make_codec(args)
+    flt = parse(args.filter, api_names(codec)) if args.filter else None
     cap = load_capture(args.capture, codec, decode=flt is not None)
     stats = export_pcapng(cap, args.pcapng, flt=flt, sent=args.sent)
     ports = ",".join(str(p) for p in sorted(stats.ports))

@@ -12,6 +12,7 @@ from typing import Any
 
 from . import (
     add_spec_options,
+    api_names,
     hostport,
     make_codec,
     nonnegative_float,
@@ -102,7 +103,7 @@ def _view(args: argparse.Namespace, proxy: Any, title: str):
     if args.filter:
         from ..filters import parse
 
-        match = parse(args.filter)
+        match = parse(args.filter, api_names(proxy.codec))
     if args.no_tui or not sys.stdout.isatty():
         return LinePrinter(match=match)
     return LiveView(proxy, match=match, title=title)

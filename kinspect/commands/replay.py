@@ -28,6 +28,7 @@ import sys
 
 from . import (
     add_spec_options,
+    api_names,
     capture_path,
     hostport,
     make_codec,
@@ -88,10 +89,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.as_fast_as_possible and args.speed <= 0:
         print("kinspect replay: --speed must be positive", file=sys.stderr)
         return 2
-    flt = parse(args.filter) if args.filter else None
+    codec = make_codec(args)
+    flt = parse(args.filter, api_names(codec)) if args.filter else None
     if args.report:
         _check_writable(args.report)  # before the replay, not after it has run
-    codec = make_codec(args)
     flows = load_flows(args.capture, codec)
     select = None
     if flt is not None:

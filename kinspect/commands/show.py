@@ -15,7 +15,7 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, capture_path, make_codec, nonnegative_int, plain_help
+from . import add_spec_options, api_names, capture_path, make_codec, nonnegative_int, plain_help
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -50,10 +50,10 @@ def run(args: argparse.Namespace) -> int:
     # parsed before reading the file, each on its own: pasted into one expression, the
     # user's filter could close the parenthesis around it ("~api A) | (~api B" parsed)
     # and its errors would name positions in a text the user did not write
-    filters = [parse(args.filter)] if args.filter else []
+    codec = make_codec(args)
+    filters = [parse(args.filter, api_names(codec))] if args.filter else []
     if args.errors:
         filters.append(parse("~err"))
-    codec = make_codec(args)
     cap = load_capture(args.capture, codec)
     ids = TopicIds().learn_all(cap.flows)
     limit = args.bytes_limit or None
