@@ -368,6 +368,16 @@ def test_input_errors_are_plain_messages_without_python_class_names(tmp_path, ca
                                                 "InputError", "Errno")), err
 
 
+def test_encode_input_errors_are_plain_messages_like_decode(tmp_path, capsys):
+    """``kinspect encode missing.json`` (or a directory) says ``kinspect: error:``
+    with the file and the reason, as decode does, not ``[Errno 2] ...``."""
+    for path in (tmp_path / "missing.json", tmp_path):
+        assert main(["encode", str(path)]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("kinspect: error: ") and str(path) in err, err
+        assert "Errno" not in err and "IsADirectoryError" not in err, err
+
+
 def test_api_version_without_api_key_is_refused_not_ignored(tmp_path, capsys):
     """``--api-version`` types a response together with ``--api-key``; given alone it
     would silently decode the frame as a request, so it is an error."""

@@ -338,3 +338,35 @@ def test_help_texts_carry_no_rest_markup(command, capsys):
     assert exc.value.code == 0
     out = capsys.readouterr().out
     assert "``" not in out and not any(line.rstrip().endswith("::") for line in out.splitlines())
+
+
+@pytest.mark.parametrize("argv", [
+    ["proxy", "--upstream", "broker:abc"],
+    ["proxy", "--upstream", "127.0.0.1:1", "--listen", "[::1]"],
+    ["replay", str(EXAMPLE), "--upstream", "broker:"],
+    ["serve", str(EXAMPLE), "--listen", "127.0.0.1:9o92"],
+    ["tolerate", "--bootstrap", "localhost:port"],
+])
+def test_a_port_that_is_not_a_number_is_a_usage_error_naming_the_address(argv, capsys):
+    """``--upstream broker:abc`` (or ``[::1]`` with no port) is refused by the parser
+    with the address as typed, not with Python's "invalid literal for int()"."""
+    from kinspect.cli import build_parser
+
+    with pytest.raises(SystemExit) as exc:  # (parsing only: nothing is started)
+        build_parser().parse_args(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert repr(argv[-1]) in err and "HOST:PORT" in err, err
+    assert "invalid literal" not in err, err
+
+
+@pytest.mark.parametrize("command", [["show"], ["export", "--pcapng", "unused.pcapng"]])
+def test_a_misspelt_api_in_a_filter_is_an_error_not_an_empty_result(command, tmp_path):
+    """``--filter '~api Fech'`` names the problem and the close api name instead of
+    printing an empty table (or writing an empty pcapng)."""
+    argv = [command[0], str(EXAMPLE), *[a if a != "unused.pcapng" else str(tmp_path / a)
+                                        for a in command[1:]], "--filter", "~api Fech"]
+    proc = run(*argv)
+    assert proc.returncode == 1, proc.stdout
+    assert "'Fech'" in proc.stderr and "Fetch" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "unused.pcapng").exists()

@@ -117,6 +117,20 @@ def test_not_a_spec_path():
                           use_default=False)
 
 
+@pytest.mark.parametrize("origin", ["--specs", "KINSPECT_SPECS"])
+def test_a_bad_spec_path_names_where_it_came_from(origin, tmp_path, monkeypatch):
+    """A path that is neither a directory nor an archive says whether it was given
+    with --specs or came from KINSPECT_SPECS: a stale variable is otherwise hard to
+    find, since the command line never named the path."""
+    missing = str(tmp_path / "missing")
+    monkeypatch.setenv("KINSPECT_SPECS", missing if origin == "KINSPECT_SPECS" else "")
+    with pytest.raises(SpecError) as ei:
+        SpecRegistry.load([missing] if origin == "--specs" else [], use_project=False,
+                          use_default=False)
+    assert ei.value.source == missing
+    assert ei.value.reason.startswith(f"{origin} path "), ei.value
+
+
 # ---------------------------------------------------------------------------
 # the parsed-document cache
 

@@ -174,7 +174,7 @@ def _source_for(path: str, origin: str) -> SpecSource:
         return SpecSource(str(p), "dir", origin)
     if p.is_file() and zipfile.is_zipfile(p):
         return SpecSource(str(p), "archive", origin)
-    raise SpecError(f"spec path {path!r} is neither a directory nor a jar/zip archive",
+    raise SpecError(f"{origin} path {path!r} is neither a directory nor a jar/zip archive",
                     source=path)
 
 

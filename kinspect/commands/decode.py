@@ -483,7 +483,10 @@ def run_encode(args: argparse.Namespace) -> int:
             with open(args.file, encoding="utf-8") as fh:
                 doc = json.load(fh)
         frame = encode_message(codec, message_from_dict(codec, doc))
-    except (EncodeError, ValueError, OSError) as e:
+    except OSError as e:  # "x.json: No such file or directory", as decode says it
+        print(f"kinspect: {_error_text(e)}", file=sys.stderr)
+        return 1
+    except (EncodeError, ValueError) as e:
         print(f"kinspect: encode error: {e}", file=sys.stderr)
         return 1
     if args.size_prefix:

@@ -99,7 +99,10 @@ def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int
         host, sep, port = text.rpartition(":")
         if not sep:
             raise ValueError(f"expected HOST:PORT, got {text!r}")
-    port_n = int(port)
+    try:
+        port_n = int(port)
+    except ValueError:
+        raise ValueError(f"expected HOST:PORT with a port number, got {text!r}") from None
     if not 0 <= port_n <= 65535:
         raise ValueError(f"port {port_n} out of range")
     return host or default_host, port_n
