@@ -595,8 +595,8 @@ def _interleaved_latency(modes: list[str], n: int, warmup: int,
     message by message: every mode is set up at once (each with its own fresh
     broker, as in the rounds), one confluent-kafka producer per mode, and each turn
     runs one round trip through every mode, starting at a different mode each turn.
-    Returns, per mode, p50/p99 in µs and (for kinspect modes) the median over turns
-    of its round trip minus the forwarder's in the same turn."""
+    Returns, per mode, p50/p99 in µs and (for kinspect modes and the peers) the
+    median over turns of its round trip minus the forwarder's in the same turn."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -867,7 +867,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--latency", type=int, default=1000, help="produce+flush round trips")
         p.add_argument("--warmup", type=int, default=100, help="latency loop warm-up")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=ALL_MODES)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=ALL_MODES,
+                    help="the modes to run, replacing the default list (%(default)s); "
+                         "ratios need direct, differences need forwarder")
     ap.add_argument("--interleaved", type=int, default=2000,
                     help="latency-loop round trips per mode and run, interleaved (0: none)")
     ap.add_argument("--interleaved-runs", type=int, default=5,
