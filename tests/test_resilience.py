@@ -351,6 +351,40 @@ async def test_three_thousand_connections_long(tansu, tmp_path, unique):
     await _many_connections(tansu, tmp_path, unique, n=3000, busy=500, rounds=40)
 
 
+def _listen_backlog(port: int) -> int:
+    """The backlog of the listening socket on 127.0.0.1:``port``: what ``ss`` (the
+    kernel's sock_diag) reports as a listening socket's Send-Q."""
+    out = subprocess.run(["ss", "-ltnH", f"sport = :{port}"], capture_output=True,
+                         text=True, check=True).stdout.split()
+    assert len(out) >= 4 and out[0] == "LISTEN", out
+    return int(out[2])
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_listeners_keep_their_backlog_for_a_burst_of_connections(tansu, loop):
+    """Clients connecting all at once (all of them coming back after a broker
+    restart) are completed by the kernel ahead of accept() up to the listening
+    socket's backlog, and wait for SYN retransmissions beyond it. The event loops'
+    create_server listens anew with a backlog of 100 unless told: the proxy's
+    listeners keep BACKLOG (capped by net.core.somaxconn), on both event loops."""
+    import uvloop
+
+    from kinspect.proxy.server import BACKLOG
+
+    somaxconn = int(Path("/proc/sys/net/core/somaxconn").read_text())
+
+    async def main():
+        async with running_proxy(tansu.bootstrap) as (proxy, _rec):
+            return _listen_backlog(proxy.address[1])
+
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        backlog = ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
+    assert backlog == min(BACKLOG, somaxconn) > 100
+
+
 # ---------------------------------------------------------------------------
 # broker killed and restarted
 # ---------------------------------------------------------------------------
@@ -959,6 +993,64 @@ async def test_garbage_half_frames_and_mid_frame_disconnects_end_only_that_conne
     # no torn frame ever became a flow: only whole requests someone sent
     for f in rec.flows:
         assert f.request in (metadata(77), junk) or f.correlation_id >= 900_000, f
+
+
+def _send_then_half_close(host: str, port: int, frames: list[bytes]) -> tuple[list[bytes], bool]:
+    """Send ``frames`` pipelined, shut down the sending side (FIN) and read until
+    the peer closes: the whole response frames read, and whether the stream ended
+    cleanly (no reset, no torn frame)."""
+    with socket.create_connection((host, port), timeout=20) as s:
+        s.sendall(b"".join(frame(f) for f in frames))
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        try:
+            while chunk := s.recv(1 << 16):
+                data += chunk
+        except ConnectionResetError:
+            return [], False
+    out, pos = [], 0
+    while pos + 4 <= len(data):
+        (size,) = struct.unpack_from(">i", data, pos)
+        out.append(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    return out, pos == len(data)
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_client_that_half_closes_still_gets_its_answers(tansu, loop):
+    """A client sends pipelined requests and shuts down its sending side at once
+    (``printf ... | nc -N`` does): the broker answers what it read before the end of
+    stream, and through the proxy the client gets those answers too, then a clean
+    end of stream, as without the proxy; the connection is then gone from the
+    proxy, its flows answered, none flagged closed."""
+    import uvloop
+
+    reqs = [api_versions(1), metadata(2), api_versions(3), metadata(4)]
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    direct, direct_clean = _send_then_half_close(host, int(port), reqs)
+    assert direct_clean and [corr_of(r) for r in direct] == [1, 2, 3, 4], \
+        "the broker itself does not answer a half-closed client"
+
+    async def main():
+        async with running_proxy(tansu.bootstrap) as (proxy, rec):
+            got = await asyncio.get_running_loop().run_in_executor(
+                None, _send_then_half_close, *proxy.address, reqs)
+            await wait_for(lambda: not proxy.connections and not proxy.lingering,
+                           what="the connection to end")
+            await proxy.pipeline.drained()
+            return got, rec.flows, proxy.stats.connections_open
+
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        (got, clean), flows, still_open = ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
+    assert clean, "the stream did not end cleanly"
+    assert [corr_of(r) for r in got] == [1, 2, 3, 4]
+    assert got[0] == direct[0] and got[2] == direct[2]  # ApiVersions: byte for byte
+    assert still_open == 0
+    assert sorted(f.correlation_id for f in flows) == [1, 2, 3, 4]
+    assert all(f.response is not None and "closed" not in f.flags for f in flows), flows
 
 
 # ---------------------------------------------------------------------------
@@ -2071,7 +2163,12 @@ async def test_a_connection_closing_pairs_its_short_path_frames_first(tansu, uni
             raw.send(fetch(3, empty, max_wait_ms=2000))  # for data that does not come
             await wait_for(lambda: conn.req_cut.consumed > consumed, what="the Fetch read")
         assert all(len(c.unsettled) == 1 for c in conns)
-        raws[0].close()  # the client leaves before the answer
+        # the client leaves before the answer, with a reset: a plain FIN is passed on
+        # to the broker, whose answer would still go to the client (see
+        # test_a_client_that_half_closes_still_gets_its_answers)
+        raws[0].writer.get_extra_info("socket").setsockopt(
+            socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        raws[0].close()
         await wait_for(lambda: conns[0].closed, what="the connection to close")
         assert not conns[0].unsettled
         flows = sorted((f for f in rec.flows if f.conn == conns[0].id),
@@ -2263,6 +2360,7 @@ def test_a_connection_made_while_forwarding_is_paused_stays_paused_both_ways(tan
             assert hook.connecting == [True]  # overloaded before the broker connection was up
             assert proxy.overloaded and conn.up_paused and conn.client_paused
             assert not conn.up_tr.is_reading()
+            assert not conn.client_tr.is_reading()  # (uvloop: see the next test)
             hook.backlog_bytes = 0  # caught up
             await wait_for(lambda: not proxy.overloaded, what="the pipeline to catch up")
             assert conn.up_tr.is_reading() and not conn.up_paused
@@ -2278,6 +2376,67 @@ def test_a_connection_made_while_forwarding_is_paused_stays_paused_both_ways(tan
         ev_loop.run_until_complete(main())
     finally:
         ev_loop.close()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_a_client_is_not_read_while_its_broker_connection_is_being_made(loop):
+    """A client sends 4 MiB at once while the proxy is still connecting to its
+    broker (here a listening socket whose accept queue is full, so the proxy's
+    connection attempt waits for SYN retransmissions). uvloop ignores
+    ``pause_reading()`` in ``connection_made``: the proxy still stops reading the
+    client after its first read instead of collecting all the client sends; once
+    the broker connection is up, reading resumes and the broker gets the client's
+    bytes, in order, on both event loops."""
+    import uvloop
+
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    squat = socket.socket()
+    squat.bind(("127.0.0.1", 0))
+    squat.listen(0)
+    filler = socket.create_connection(squat.getsockname())  # the accept queue is full now
+    sent = frame(b"\x00" * (4 * MiB))
+
+    async def main():
+        host, port = squat.getsockname()
+        proxy = Proxy(ProxyConfig(upstream=(host, port), connect_timeout=60), codec())
+        await proxy.start()
+        try:
+            raw = await Raw.open(*proxy.address)
+            raw.writer.write(sent)
+            await wait_for(lambda: proxy.connections, what="the connection")
+            conn = next(iter(proxy.connections))
+            # asyncio: never read while connecting; uvloop: paused by its first read
+            await wait_for(lambda: not conn.client_tr.is_reading(),
+                           what="reading the client to pause")
+            assert conn.up_tr is None, "the broker connection was made at once"
+            first = conn.req_cut.consumed
+            assert first < len(sent)
+            # the broker accepts: the proxy's next SYN gets through
+            loop_ = asyncio.get_running_loop()
+            squat.settimeout(30)
+            squat.accept()[0].close()  # the filler
+            broker, _ = await loop_.run_in_executor(None, squat.accept)
+            with broker:
+                broker.settimeout(30)
+                got = bytearray()
+                while len(got) < len(sent):
+                    chunk = await loop_.run_in_executor(None, broker.recv, 1 << 20)
+                    assert chunk, "the proxy closed the broker connection"
+                    got += chunk
+            assert bytes(got) == sent
+            raw.close()
+            return first
+        finally:
+            await proxy.close()
+
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
+        filler.close()
+        squat.close()
 
 
 class _QueueingAddon:

@@ -24,7 +24,9 @@ Flow control both ways: a side whose peer cannot keep up stops being read, so a
 slow client holds back the broker (and the reverse) instead of filling memory.
 Connections end without resets: on shutdown or when the other side goes away, the
 proxy flushes what it holds, sends FIN and drops what the client still sends
-until it closes (at most :data:`LINGER` seconds).
+until it closes (at most :data:`LINGER` seconds). A client's FIN with answers still
+due is passed on to the broker, and the answers still reach the client
+(:meth:`Connection.client_eof`).
 
 Port-per-broker: each upstream broker address seen in a response gets its own
 local listener, and responses are rewritten to point at it.
@@ -79,6 +81,11 @@ DIRECT_SHARE = 16
 UNFILLED_MAX = 64 << 20
 #: seconds a client gets to close its end after the proxy has sent FIN
 LINGER = 2.0
+#: connections the kernel completes ahead of the proxy accepting them, per listener
+#: (``listen()`` backlog; the kernel caps it at ``net.core.somaxconn``): a burst of
+#: clients connecting at once, e.g. all of them coming back after a broker restart,
+#: beyond it waits for SYN retransmissions (a second and more)
+BACKLOG = 1024
 #: reasons for not reading a side (bits of Connection.client_hold / up_hold)
 HOLD_FLOW = 1         # the other side cannot take more (transport flow control)
 HOLD_PIPELINE = 2     # the pipeline is too far behind (Proxy.overload)
@@ -450,8 +457,9 @@ class Listener:
         if self.closed:
             return
         loop = asyncio.get_running_loop()
+        # (the backlog again: create_server listens anew, with 100 unless told)
         self.server = await loop.create_server(
-            lambda: _ClientSide(self.proxy, self), sock=self.sock)
+            lambda: _ClientSide(self.proxy, self), sock=self.sock, backlog=BACKLOG)
         if self.closed:  # closed while starting
             self.server.close()
 
@@ -626,7 +634,7 @@ class Proxy:
         except OSError:
             sock.close()
             raise
-        sock.listen(1024)
+        sock.listen(BACKLOG)
         sock.setblocking(False)
         return sock
 
@@ -818,7 +826,7 @@ class Connection:
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
                  "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
                  "up_hold", "opened", "closed_ns", "draining", "unsettled", "apis", "simple",
-                 "__weakref__")
+                 "half_closed", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -854,8 +862,11 @@ class Connection:
         #: only for ids not here (a client may reuse an id)
         self.apis: dict[int, tuple | None] = {}
         #: frames may take the short path (not after a SaslHandshake v0 request:
-        #: raw SASL tokens follow, which only the tracker tells apart)
+        #: raw SASL tokens follow, which only the tracker tells apart; nor once the
+        #: client half-closed: each answer is then paired as it is sent)
         self.simple = True
+        #: the client sent FIN with answers still to come (see client_eof)
+        self.half_closed = False
 
     def settle(self) -> None:
         """Pair the frames forwarded on the short path (``data_received``), in their
@@ -908,6 +919,9 @@ class Connection:
         ``req_cut`` method), forwarded and noted."""
         if self.closed or self.draining:
             return  # read and dropped: the connection is ending
+        if self.up_tr is None:  # read while the broker connection is being made
+            # (uvloop, see pause_client): no more until it is up
+            self.pause_client(HOLD_CONNECTING)
         proxy = self.proxy
         proxy.settle()  # first what came before, on every connection
         proxy.stats.bytes_from_clients += n
@@ -1021,6 +1035,8 @@ class Connection:
             self._response(f, h, False)
         if error is not None:
             self.close(f"broker sent {error.reason}", logging.WARNING)
+        elif self.half_closed and not self.tracker.inflight:
+            self.close(None)  # the client half-closed and has every answer now
 
     def _rewrite_held(self, frame: bytes) -> bytes:
         """The bytes to send for a frame held for address rewriting (before it is
@@ -1099,6 +1115,35 @@ class Connection:
         return new, (_REWRITTEN, new)
 
     # -- lifecycle ---------------------------------------------------------------
+    def client_eof(self) -> bool:
+        """The client sent FIN (``eof_received``). With requests forwarded and not
+        answered yet, and no request frame under way, the broker gets FIN too and
+        its answers still go to the client, as they would without the proxy (a
+        client may shut down its sending side after its last request, and Kafka
+        brokers answer what they read before the end of stream); the connection
+        ends when the last answer is sent (:meth:`_responses`) or the broker
+        closes. Else it ends now. Returns whether the client's transport stays
+        open (what ``eof_received`` returns)."""
+        if self.closed:
+            return False
+        if self.half_closed:  # told again (reading was resumed after the end)
+            return True
+        self.proxy.settle()  # the short path's requests are in the tracker now
+        cut = self.req_cut
+        up = self.up_tr
+        if up is None or up.is_closing() or not self.tracker.inflight or cut.left \
+                or cut.head or cut.own is not None:
+            self.close(None)
+            return False
+        try:
+            up.write_eof()
+        except (RuntimeError, OSError) as e:  # pragma: no cover - the broker side is gone
+            self.close(f"cannot pass the client's end of stream on: {e}")
+            return False
+        self.half_closed = True
+        self.simple = False
+        return True
+
     def upstream_ready(self, tr: asyncio.Transport) -> None:
         self.up_tr = tr
         if self.closed:
@@ -1135,7 +1180,10 @@ class Connection:
             log.log(level, "conn %d (%s): closing: %s", self.id, self.client, reason)
         if self.up_tr is not None and not self.up_tr.is_closing():
             self.up_tr.close()
-        _end_client(self.proxy, self.client_tr)
+        if self.half_closed:  # the client has sent all it will: nothing unread to
+            self.client_tr.close()  # reset the connection; flushed, then closed
+        else:
+            _end_client(self.proxy, self.client_tr)
         self.req_cut.clear()
         self.resp_cut.clear()
         self.proxy.settle()  # first what came before, on every connection
@@ -1158,10 +1206,15 @@ class Connection:
         return bool(self.up_hold)
 
     def pause_client(self, why: int = HOLD_FLOW) -> None:
-        was = self.client_hold
-        self.client_hold = was | why
-        if not was and not self.client_tr.is_closing() and not self.closed:
-            self.client_tr.pause_reading()
+        """Stop reading the client for reason ``why`` (a HOLD_* bit). The transport
+        is paused whenever it still reads, whatever the reasons before: uvloop
+        ignores ``pause_reading()`` in ``connection_made`` (CPython's asyncio
+        honours it since gh-103607), so a connection's transport may read although
+        it holds HOLD_CONNECTING."""
+        self.client_hold |= why
+        tr = self.client_tr
+        if not self.closed and not tr.is_closing() and tr.is_reading():
+            tr.pause_reading()
 
     def resume_client(self, why: int = HOLD_FLOW) -> None:
         was = self.client_hold
@@ -1352,7 +1405,7 @@ class _ClientSide(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         if self.conn is not None:
-            self.conn.close(None)
+            return self.conn.client_eof()
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
