@@ -246,3 +246,46 @@ def test_concurrent_processes_share_the_cache(tmp_path):
     assert len(files) == 186
     for p in files:
         json.loads(p.read_text())
+
+
+def test_a_wheel_ships_the_project_specs_and_an_installed_kinspect_finds_them(tmp_path):
+    """The project's own specs (specs/: the KIP-714 telemetry APIs, which the default
+    kafka-python set lacks) are in the wheel as kinspect/_specs, and a kinspect
+    imported from the unpacked wheel, away from this checkout, puts them on its spec
+    search path and knows those APIs. Builds the wheel with pip (build isolation:
+    setuptools comes from the package index) from a copy of the sources, without
+    the checkout's build/ directory, whose leftovers pip would reuse."""
+    import shutil
+    import zipfile
+
+    root = Path(__file__).resolve().parents[1]
+    src = tmp_path / "src"
+    shutil.copytree(root, src, ignore=shutil.ignore_patterns(
+        ".git", "build", "*.egg-info", "__pycache__", "node_modules", "captures", "*.so",
+        ".pytest_cache", ".hypothesis"))
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "--disable-pip-version-check",
+         "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, f"pip wheel failed:\n{built.stdout}\n{built.stderr}"
+    (wheel,) = (tmp_path / "dist").glob("kinspect-*.whl")
+    with zipfile.ZipFile(wheel) as zf:
+        names = set(zf.namelist())
+        zf.extractall(tmp_path / "site")
+    ours = sorted(p.name for p in (root / "specs").glob("*.json"))
+    assert ours and {f"kinspect/_specs/{n}" for n in ours} <= names
+    probe = ("import json, kinspect\n"
+             "from kinspect.codec import Codec\n"
+             "from kinspect.codec.registry import search_path\n"
+             "c = Codec()\n"
+             "print(json.dumps([kinspect.__file__, [[s.path, s.origin] for s in search_path()],"
+             " c.api_name(71), c.api_name(72)]))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("KINSPECT_SPECS", "PYTHONPATH")}
+    env["PYTHONPATH"] = str(tmp_path / "site")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         cwd=tmp_path, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    where, sources, api71, api72 = json.loads(out.stdout)
+    assert Path(where).is_relative_to(tmp_path / "site")
+    project = [p for p, origin in sources if origin == "project"]
+    assert project == [str((tmp_path / "site" / "kinspect" / "_specs").resolve())]
+    assert (api71, api72) == ("GetTelemetrySubscriptions", "PushTelemetry")

@@ -6,7 +6,7 @@ defines a message wins. The default path is, in order:
 1. paths given by the caller (``--specs``), directories or jar/zip archives such
    as Kafka's ``kafka-clients-*.jar`` (its ``common/message/*.json``);
 2. the ``KINSPECT_SPECS`` environment variable (``os.pathsep``-separated);
-3. the project's ``specs/`` directory;
+3. the project's ``specs/`` directory (installed from a wheel: ``kinspect/_specs``);
 4. the spec files kafka-python (>= 3) ships as package data (the default set).
 """
 
@@ -37,7 +37,11 @@ from .values import Struct, struct_class
 _native_decode = getattr(_NATIVE, "decode", None)
 _native_scan = getattr(_NATIVE, "scan", None)
 
-PROJECT_SPECS = Path(__file__).resolve().parents[2] / "specs"
+#: the project's own spec files: the copy a wheel installs as ``kinspect/_specs``
+#: (setup.py), else ``specs/`` of the checkout kinspect runs from
+_PACKAGED_SPECS = Path(__file__).resolve().parents[1] / "_specs"
+PROJECT_SPECS = (_PACKAGED_SPECS if _PACKAGED_SPECS.is_dir()
+                 else Path(__file__).resolve().parents[2] / "specs")
 ENV_VAR = "KINSPECT_SPECS"
 CACHE_ENV_VAR = "KINSPECT_CACHE"
 #: bump when the cached document format changes
