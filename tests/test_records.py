@@ -402,6 +402,38 @@ def test_gzip_multi_member_and_zstd_without_content_size():
     assert rs.batches[0].records[0].value == b"\x00" * 300_000
 
 
+def test_many_gzip_members_cost_work_linear_in_the_payload(monkeypatch):
+    """A gzip payload of 20000 members (the records split over them, then empty
+    ones) decodes, and the bytes zlib is handed plus those it copies back out as
+    ``unused_data`` stay a small multiple of the payload: handing it all the rest
+    at every member was quadratic (about 4 GB of copying for these 400 kB; a
+    100 MB frame of them took hours)."""
+    batch, payload = _inner_payload()
+    expected = decode_records(batch).batches[0].records
+    empty = gzip.compress(b"")
+    mm = gzip.compress(payload[:300]) + gzip.compress(payload[300:]) + empty * 20000
+    work = [0]
+    real = zlib.decompressobj
+
+    class Counting:
+        def __init__(self, *a):
+            self.d = real(*a)
+
+        def decompress(self, data, *a):
+            work[0] += len(data)
+            out = self.d.decompress(data, *a)
+            work[0] += len(self.d.unused_data)
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self.d, name)
+
+    monkeypatch.setattr(zlib, "decompressobj", Counting)
+    rs = decode_records(rebuild_v2(batch, GZIP, mm))
+    assert rs.batches[0].records == expected
+    assert work[0] <= 16 * len(mm), (work[0], len(mm))
+
+
 def test_legacy_magic1_wrapper_offset_zero_keeps_inner_offsets():
     recs = [(TS0 + i, None, b"x" * 40, []) for i in range(4)]
     data = build(1, GZIP, recs, offset=0)
