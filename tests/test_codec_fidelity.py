@@ -107,6 +107,32 @@ def test_out_of_range_or_wrong_type_raises_encode_error_with_path(field, bad):
     assert ei.value.path == f"PrimsData.{field}"
 
 
+@pytest.mark.parametrize("version", [0, 1])
+def test_bytes_fields_and_uuids_are_written_by_their_bytes_not_their_item_count(version):
+    """A memoryview of wider items (an int32 array's, a 2-D one) is written as the
+    bytes it holds, with their count as the length: not its item count (which gave
+    a length prefix that disagreed with the data, a frame no reader can follow).
+    Other buffer types (array.array) are refused like any non-bytes value."""
+    import array
+
+    c = inline(PRIMS)
+    ints = array.array("i", range(4))  # 16 bytes, 4 items
+    raw = bytes(memoryview(ints))
+    flat = memoryview(bytes(range(16)))
+    for field, view, plain in [("Raw", memoryview(ints), raw), ("Recs", memoryview(ints), raw),
+                               ("Id", memoryview(ints), raw),
+                               ("Raw", flat.cast("B", (4, 4)), bytes(range(16))),
+                               ("Id", flat.cast("B", (2, 8)), bytes(range(16)))]:
+        wire = c.encode(c.cls(**{**PRIM_VALUES, field: view}), version)
+        assert wire == c.encode(c.cls(**{**PRIM_VALUES, field: plain}), version), field
+        assert getattr(c.decode(wire, version), field) == plain
+    for field, bad in [("Raw", ints), ("Recs", ints), ("Id", array.array("B", range(16))),
+                       ("Id", ints), ("Id", memoryview(array.array("i", range(16))))]:
+        with pytest.raises(EncodeError) as ei:
+            c.encode(c.cls(**{**PRIM_VALUES, field: bad}), version)
+        assert ei.value.path == f"PrimsData.{field}", (field, bad)
+
+
 def test_int_array_element_out_of_range_names_the_field():
     c = inline(PRIMS)
     with pytest.raises(EncodeError) as ei:
@@ -403,6 +429,22 @@ def test_unknown_tag_bytes_are_visible_and_re_encoded():
     assert m.unknown_tags == {10: b"\x01\x02\x03"}
     assert m.to_dict()["_unknown_tags"] == {"10": "010203"}
     assert c.encode(m, 1) == wire
+
+
+def test_unknown_tags_no_reader_could_read_back_are_encode_errors():
+    """An unknown tagged field is written only when a reader gets it back as the
+    same unknown tag (KIP-482: tags are unsigned varints, read into 32 bits): not a
+    tag above 2^32-1 (2^32 was written as a varint every reader refuses), nor the
+    tag of a field of the struct, tagged at this version (read as that field: here
+    the 0x01 as a compact string length) or at another (refused there)."""
+    c = _sem()
+    top = {2**32 - 1: b"\x01", 99: b""}
+    assert c.decode(c.encode(c.cls(unknown_tags=top), 1), 1).unknown_tags == top
+    for tags, why in [({2**32: b""}, "outside 0..4294967295"), ({-1: b""}, "outside"),
+                      ({4: b"\x01"}, "tag of a field"), ({8: b""}, "tag of a field")]:
+        with pytest.raises(EncodeError, match=why) as ei:
+            c.encode(c.cls(unknown_tags=tags), 1)
+        assert ei.value.path == "SimpleExampleMessage", ei.value
 
 
 def _tags_nested():

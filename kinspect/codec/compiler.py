@@ -200,7 +200,10 @@ def check_value(v: Any, t: str) -> None:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise EncodeError(f"expected a float64, got {v!r}")
     elif t == "uuid":
-        if not isinstance(v, (bytes, bytearray, memoryview)) or len(v) != 16:
+        # a memoryview is measured in bytes (nbytes), not items: one of four int32
+        # items holds 16 bytes
+        if not isinstance(v, (bytes, bytearray, memoryview)) or \
+                (v.nbytes if isinstance(v, memoryview) else len(v)) != 16:
             raise EncodeError(f"uuid must be 16 bytes, got {v!r}")
 
 
@@ -254,6 +257,7 @@ BASE_NS: dict[str, Any] = {
     "_pa": _pa, "_DE": _derr, "_EE": EncodeError, "_ci": _check_int,
     "_mark": _mark_present, "_str": str, "_len": len, "_bytes": bytes, "_list": list,
     "_isinst": isinstance, "_Struct": Struct, "_range": range, "_mv": memoryview,
+    "_ba": bytearray,
     "_ph": _struct.Struct(">h").pack, "_pi": _struct.Struct(">i").pack,
     "_uh": _struct.Struct(">h").unpack_from, "_ui": _struct.Struct(">i").unpack_from,
     "_ub": _struct.Struct(">b").unpack_from, "_getp": getattr,
@@ -880,12 +884,18 @@ class _Unit:
         v = self.version
         self.ns["_wtags"] = _write_tags
         self.ns["_k0"] = _tag_key
+        self.ns["_unk"] = _unknown_items
         tagged = sorted((f for f in st.fields if f.tagged_in(v)), key=lambda x: x.tag)
+        # tags of fields (tagged at this version or another): not for unknown tags
+        reserved = frozenset(f.tag for f in st.fields if f.is_tagged)
         u = self.tmp("u")
         if not tagged:
             self.emit(ind, f"{u} = {o}._unknown")
             self.emit(ind, f"if {u}:")
-            self.emit(ind + 1, f"_wtags(out, sorted({u}.items()))")
+            if reserved:
+                self.emit(ind + 1, f"_wtags(out, _unk({u}, {self._c(reserved)}))")
+            else:
+                self.emit(ind + 1, f"_wtags(out, sorted({u}.items()))")
             self.emit(ind, "else:")
             self.emit(ind + 1, "out.append(0)")
             return
@@ -906,7 +916,7 @@ class _Unit:
                 self.emit(ind + 1, "T.pop()")
         self.emit(ind, f"{u} = {o}._unknown")
         self.emit(ind, f"if {u}:")
-        self.emit(ind + 1, f"{tg}.extend({u}.items())")
+        self.emit(ind + 1, f"{tg}.extend(_unk({u}, {self._c(reserved)}))")
         self.emit(ind + 1, f"{tg}.sort(key=_k0)")
         self.emit(ind, f"if {tg}:")
         self.emit(ind + 1, f"_wtags(out, {tg})")
@@ -1068,9 +1078,14 @@ class _Unit:
             elif enc == "upacked":
                 self.emit(ind, f"_wup(out, {x}, {_WIDTH_BITS[t]})")
             elif t == "uuid":
-                self.emit(ind, f"if len({x}) != 16:")
-                self.emit(ind + 1, f"raise _EE('uuid must be 16 bytes, got %d' % len({x}))")
-                self.emit(ind, f"out += {x}")
+                if self.traced:  # (_cv checked it; a memoryview is written as its bytes)
+                    self.emit(ind, f"out += _bytes({x}) if _isinst({x}, _mv) else {x}")
+                else:
+                    # bytes of 16 bytes only: any other buffer (a bytearray, a memoryview,
+                    # whose len() counts items, not bytes) is left to the traced encoder
+                    self.emit(ind, f"if _type({x}) is not _bytes or len({x}) != 16:")
+                    self.emit(ind + 1, "raise _NO")
+                    self.emit(ind, f"out += {x}")
             else:
                 p = self._c(_struct.Struct(">" + _ecode(t)).pack)
                 self.emit(ind, f"out += {p}({x})")
@@ -1096,7 +1111,14 @@ class _Unit:
             if self.traced:
                 self.emit(ind + 1, f"if not _isinst({x}, (bytes, bytearray, memoryview)):")
                 self.emit(ind + 2, f"raise _EE('expected bytes, got %s' % type({x}).__name__)")
-            self.emit(ind + 1, f"{b} = {x}")
+                # its bytes: len() of a memoryview counts items (4 for 16 bytes of int32)
+                self.emit(ind + 1, f"{b} = _bytes({x}) if _isinst({x}, _mv) else {x}")
+            else:
+                # bytes or a bytearray only (len() is their byte count): any other
+                # buffer is left to the traced encoder
+                self.emit(ind + 1, f"{b} = {x}")
+                self.emit(ind + 1, f"if _type({b}) is not _bytes and _type({b}) is not _ba:")
+                self.emit(ind + 2, "raise _NO")
         if t == "string":  # Kafka: "'X' field is too long to be serialized"
             self.emit(ind + 1, f"if len({b}) > 32767:")
             self.emit(ind + 2, f"raise _EE('string of %d bytes is longer than 32767' % len({b}))")
@@ -1113,10 +1135,35 @@ def _tag_key(item: tuple[int, Any]) -> int:
     return item[0]
 
 
+def _unknown_items(u: dict[int, bytes], reserved: frozenset[int]) -> list[tuple[int, bytes]]:
+    """The unknown tagged fields ``u`` of a struct, in tag order, none of them with
+    the tag of one of its fields (``reserved``): a reader takes such a tag for the
+    field (or, at a version where the field is not tagged, refuses it), so it
+    could not come back as the unknown tag it was.
+
+    Raises:
+        EncodeError: a tag of ``reserved``.
+    """
+    for tag in u:
+        if tag in reserved:
+            raise EncodeError(f"unknown tagged field {tag} has the tag of a field of this "
+                              f"struct (set the field instead)")
+    return sorted(u.items(), key=_tag_key)
+
+
 def _write_tags(out: bytearray, tags: list[tuple[int, bytes]]) -> None:
+    """A tag section (KIP-482): the count, then each ``(tag, data)`` as unsigned
+    varints of the tag and data size, and the data.
+
+    Raises:
+        EncodeError: a tag outside 0..2^32-1 (readers take it as an unsigned 32-bit
+            varint) or repeated.
+    """
     write_uvarint(out, len(tags))
     last = -1
     for tag, data in tags:
+        if not 0 <= tag <= 0xFFFFFFFF:
+            raise EncodeError(f"tag {tag} outside 0..4294967295 (an unsigned 32-bit varint)")
         if tag <= last:
             raise EncodeError(f"duplicate tag {tag}")
         last = tag
