@@ -86,6 +86,12 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warnings.formatwarning = _format_warning
+    # a stdout that is not UTF-8 (PYTHONIOENCODING=ascii, a latin-1 locale): what it
+    # cannot encode is written as \uNNNN escapes, not a UnicodeEncodeError traceback
+    # (client ids, topic names and the tables' box characters are not ASCII)
+    encoding = (getattr(sys.stdout, "encoding", None) or "utf-8").lower()
+    if not encoding.startswith("utf") and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

@@ -340,7 +340,7 @@ def flow_row(flow: Any, topic_ids: TopicIds | None = None, *,
         "resp_bytes": "" if s["resp_bytes"] is None else str(s["resp_bytes"]),
         "latency": format_latency(s["latency_ns"]),
         "error": "" if not err else f"{err} {error_name(err)}",
-        "flags": " ".join(s["flags"]),
+        "flags": printable(" ".join(s["flags"])),  # (a capture file's, as read)
         "records": printable(_records_text(s["records"])),
     }
 
@@ -500,18 +500,20 @@ def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
     frames the before/after diff. ``limit`` caps rendered bytes (see
     :func:`~kinspect.codec.records.render_bytes`); ``None`` shows everything."""
     row = flow_row(flow, topic_ids)
+    # addresses, flags and errors as a capture file has them: escaped like names from
+    # the wire (rich's Text keeps ESC, so a crafted capture could drive the terminal)
     title = Text.assemble((f"#{flow.id} {row['api']}", "bold cyan"),
                           f" · conn {flow.conn} · corr {row['corr'] or '-'}"
-                          f" · {flow.client} → {flow.upstream}")
+                          f" · {printable(str(flow.client))} → {printable(str(flow.upstream))}")
     if flow.client_id:
         title.append(f" · client id {flow.client_id!r}")
     if row["latency"]:
         title.append(f" · {row['latency']} ms")
     if flow.flags:
-        title.append(" · " + " ".join(sorted(flow.flags)), style="yellow")
+        title.append(" · " + row["flags"], style="yellow")
     tree = Tree(title)
     if flow.error:
-        tree.add(Text(f"decode error: {flow.error}", style="red"))
+        tree.add(Text(f"decode error: {printable(str(flow.error))}", style="red"))
     for direction, label, frame, msg in (
             ("req", "request", flow.request, flow.request_decoded),
             ("resp", "response", flow.response, flow.response_decoded)):

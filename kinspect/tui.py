@@ -20,6 +20,7 @@ import time
 from collections import deque
 from typing import Any, Iterator, TextIO
 
+from rich.cells import cell_len, set_cell_size
 from rich.console import Console, ConsoleOptions, Group
 from rich.live import Live
 from rich.segment import Segment
@@ -28,7 +29,7 @@ from rich.text import Text
 
 from .filters import Filter, TopicIds
 from .flows import Flow
-from .show import COLUMNS, flow_row
+from .show import COLUMNS, flow_row, printable
 
 #: bytes of frames (requests and responses) of flows waiting to be rendered, past
 #: which the oldest are rendered at once and let go (their decoded values, also
@@ -73,7 +74,7 @@ def flow_line(flow: Flow, topic_ids: TopicIds | None = None) -> str:
     if r["flags"]:
         line += f" [{r['flags']}]"
     if flow.error:
-        line += f" ({flow.error})"
+        line += f" ({printable(str(flow.error))})"
     return line
 
 
@@ -232,7 +233,9 @@ class LiveView:
         brokers = len(p.listeners)
         t = Text()
         t.append(f" {self.title} ", style="bold reverse")
-        t.append(f"  {listen} → {up}")
+        # (an ASCII arrow where the terminal's encoding has no "→": PYTHONIOENCODING=ascii)
+        arrow = "→" if self.console.encoding.startswith("utf") else "->"
+        t.append(f"  {listen} {arrow} {up}")
         if brokers > 1:
             t.append(f" (+{brokers - 1} broker listeners)")
         t.append(f"   conns {s.connections_open} open / {s.connections_total} total")
@@ -260,7 +263,14 @@ class LiveView:
         shown = list(self._rows)[-rows:] if rows > 0 else []
         heads = [h for _, h, _ in COLUMNS]
         cells = [[row[k] or "" for k, _, _ in COLUMNS] for row, _ in shown]
-        widths = [max([len(h)] + [len(c[i]) for c in cells]) for i, h in enumerate(heads)]
+        encoding = self.console.encoding
+        ellipsis = "…"
+        if not encoding.startswith("utf"):  # what the terminal's encoding cannot show, escaped
+            cells = [[_encodable(c, encoding) for c in r] for r in cells]
+            ellipsis = "~"
+        # widths in terminal cells, not characters: a CJK client id takes two cells a
+        # character, and counted as one it pushed the columns after it out of line
+        widths = [max([len(h)] + [cell_len(c[i]) for c in cells]) for i, h in enumerate(heads)]
         over = sum(widths) + len(widths) - 1 - self.console.size.width
         # shrink the widest columns first: the secondary ones (records, client id,
         # flags, error), then the others, the api column last, so that a narrow
@@ -278,16 +288,24 @@ class LiveView:
         def line(values: list[str]) -> str:
             out = []
             for (_, _, justify), w, v in zip(COLUMNS, widths, values):
-                v = v if len(v) <= w else v[:w - 1] + "…"
-                out.append(v.rjust(w) if justify == "right" else v.ljust(w))
+                n = cell_len(v)
+                if n > w:
+                    v, n = set_cell_size(v, w - 1) + ellipsis, w
+                out.append(" " * (w - n) + v if justify == "right" else v + " " * (w - n))
             return " ".join(out)
 
         return TableLines([(line(heads), "bold")] +
                           [(line(c), style) for (_, style), c in zip(shown, cells)])
 
     def __rich__(self) -> Group:
-        height = self.console.size.height
-        return Group(self.header(), self.table(max(height - 4, 3)))
+        console = self.console
+        width, height = console.size
+        header = self.header()
+        # the header wraps on a narrow terminal: the table gets the lines left, less
+        # its heading line and the line rich's Live leaves for the cursor (rows past
+        # the screen's height would be cropped: the newest ones, at the bottom)
+        rows = height - len(header.wrap(console, width)) - 2
+        return Group(header, self.table(max(rows, 3)))
 
 
 class TableLines:
@@ -322,6 +340,19 @@ class TableLines:
             yield newline
 
 
+def _encodable(text: str, encoding: str) -> str:
+    """``text`` with the characters ``encoding`` cannot encode written as ``\\xNN``,
+    ``\\uNNNN`` escapes (a terminal or file that is not UTF-8, e.g.
+    ``PYTHONIOENCODING=ascii``: writing them would raise ``UnicodeEncodeError``)."""
+    try:
+        text.encode(encoding)
+        return text
+    except UnicodeEncodeError:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:  # an encoding Python does not know: keep ASCII
+        return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
 def _style(flow: Flow) -> str | None:
     if flow.flags & {"undecoded", "unpaired", "closed"}:
         return "yellow"
@@ -343,4 +374,8 @@ class LinePrinter:
     def on_flow(self, flow: Flow) -> None:
         self.topic_ids.learn(flow)
         if self.match is None or self.match.matches(flow, topic_ids=self.topic_ids):
-            print(flow_line(flow, self.topic_ids), file=self.out, flush=True)
+            line = flow_line(flow, self.topic_ids)
+            encoding = getattr(self.out, "encoding", None)
+            if encoding and not encoding.lower().startswith("utf"):
+                line = _encodable(line, encoding)
+            print(line, file=self.out, flush=True)

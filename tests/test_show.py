@@ -460,3 +460,45 @@ def test_show_title_is_plain_text_not_markup(tmp_path, capsys, monkeypatch):
     assert cli.main(["show", str(path)]) == 0
     out = capsys.readouterr().out
     assert f"{path}: " in out and "upstream [fd12:3456::1]:9092" in out, out[:400]
+
+
+def test_a_crafted_capture_cannot_drive_the_terminal(capsys, tmp_path):
+    """A capture file is shared like a pcap: its addresses, session upstream and flags
+    reach the table and the tree escaped, as client ids from the wire do (rich keeps
+    ESC in a ``Text``, so they would start escape sequences in the user's terminal)."""
+    lines = []
+    for line in EXAMPLE.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("type") == "session":
+            rec["upstream"] = "evil\x1b]0;title\x07:1"
+        elif rec.get("type") == "frame":
+            rec["client"] = "c\x1b[2J:1"
+            rec["upstream"] = "u\x1b[5m:2"
+            rec["flags"] = ["f\x1b[31m"]
+        lines.append(json.dumps(rec))
+    evil = tmp_path / "evil.jsonl"
+    evil.write_text("\n".join(lines) + "\n")
+    first = load_capture(evil, CODEC).flows[0].id
+    for argv in (["show", str(evil)], ["show", str(evil), "--flow", str(first)]):
+        assert cli.main(argv) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out, argv
+        assert "\\x1b[" in out, argv  # shown, escaped
+    assert "c\\x1b[2J:1 → u\\x1b[5m:2" in out and "f\\x1b[31m" in out
+
+
+def test_show_writes_to_a_stdout_that_is_not_utf8():
+    """``PYTHONIOENCODING=ascii`` (or a latin-1 locale): the table and the tree are
+    written with what the encoding cannot show escaped, not a UnicodeEncodeError."""
+    import os
+    import subprocess
+    import sys
+
+    fetch = next(f for f in load_capture(EXAMPLE, CODEC).flows if f.api_key == 1)
+    for extra in ([], ["--flow", str(fetch.id)]):
+        proc = subprocess.run([sys.executable, "-m", "kinspect", "show", str(EXAMPLE), *extra],
+                              capture_output=True, timeout=120, stdin=subprocess.DEVNULL,
+                              env={**os.environ, "PYTHONIOENCODING": "ascii"})
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+        out = proc.stdout.decode("ascii")
+        assert "Fetch v" in out and ("\\xb7" in out or "\\u2192" in out), out[:500]

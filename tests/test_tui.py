@@ -314,3 +314,73 @@ def test_line_printer_shows_no_error_code_for_a_flow_without_response():
     LinePrinter(out).on_flow(answered)
     fields = dict(w.split("=", 1) for w in out.getvalue().split() if "=" in w)
     assert fields["err"] == "0" and fields["resp"].endswith("B") and fields["resp"] != "-B"
+
+
+def _unstarted_proxy():
+    """A real proxy object, not listening (the view reads its config and stats)."""
+    from proxyutil import codec
+
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    return Proxy(ProxyConfig(upstream=("127.0.0.1", 9092)), codec())
+
+
+def test_a_header_wrapped_on_a_narrow_terminal_leaves_the_newest_row_on_screen():
+    """On a 40-column terminal the header wraps over several lines; the table gets
+    the lines left, so the screen (rich's Live crops at its height) still ends with
+    the newest flow."""
+    from rich.segment import Segment
+
+    flows = _flows(40)
+    height = 20
+    console = Console(file=io.StringIO(), width=40, height=height, force_terminal=False)
+    view = LiveView(_unstarted_proxy(), console=console, keep=100)
+    for f in flows:
+        view.on_flow(f)
+    lines = console.render_lines(view, console.options, pad=False)
+    assert len(view.header().wrap(console, 40)) > 1  # (what this test is about)
+    # Live keeps the last line for the cursor
+    assert len(lines) <= height - 1, [Segment.get_line_length(x) for x in lines]
+    assert "".join(s.text for s in lines[-1]).split()[0] == str(flows[-1].id)
+
+
+def test_the_view_and_the_line_printer_write_to_a_terminal_that_is_not_utf8():
+    """With a non-UTF-8 terminal (``PYTHONIOENCODING=ascii``) the live view's redraws
+    and the line printer's lines are written, with what the encoding cannot show
+    escaped: a redraw that raised ``UnicodeEncodeError`` ended the live view with the
+    cursor hidden, and the line printer lost the flow."""
+    flows = _flows(3)
+    flows[1].client_id = "日本語-client"
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="ascii", write_through=True)
+    console = Console(file=out, width=200, height=20, force_terminal=True)
+    view = LiveView(_unstarted_proxy(), console=console, keep=10)
+    for f in flows:
+        view.on_flow(f)
+    console.print(view)
+    screen = raw.getvalue().decode("ascii")
+    assert "\\u65e5\\u672c\\u8a9e" in screen and "->" in screen
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding="ascii", write_through=True)
+    LinePrinter(out).on_flow(flows[1])
+    assert "client=\\u65e5\\u672c\\u8a9e-client" in raw.getvalue().decode("ascii")
+
+
+def test_wide_characters_keep_the_columns_in_line():
+    """A client id of CJK characters takes two terminal cells a character: the live
+    view's columns are measured in cells, so every line is as wide and the api
+    column starts at the same cell in every row."""
+    from rich.cells import cell_len
+
+    flows = _flows(3)
+    flows[0].client_id = "日本語クライアント"
+    flows[2].client_id = "ascii-client"
+    for width in (200, 70):  # room for everything; the client id column cropped
+        console = Console(file=io.StringIO(), width=width, height=20, force_terminal=True)
+        view = LiveView(_unstarted_proxy(), console=console, keep=10)
+        for f in flows:
+            view.on_flow(f)
+        table = view.table(10)
+        assert len({cell_len(text) for text, _ in table.lines}) == 1, table.plain
+        starts = {cell_len(text[:text.index("ApiVersions")]) for text, _ in table.lines[1:]}
+        assert len(starts) == 1, table.plain

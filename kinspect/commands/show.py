@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..capture import load_capture
     from ..filters import TopicIds, parse
-    from ..show import flow_json, flow_summary, flow_table, flow_tree
+    from ..show import flow_json, flow_summary, flow_table, flow_tree, printable
 
     # parsed before reading the file, each on its own: pasted into one expression, the
     # user's filter could close the parenthesis around it ("~api A) | (~api B" parsed)
@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([flow_summary(f, ids) for f in flows], indent=2))
         return 0
     sess = cap.session
-    title = (f"{args.capture}: {len(flows)} of {len(cap.flows)} flows"
-             + (f" · upstream {sess.get('upstream')}" if sess.get("upstream") else ""))
+    # (printable: the session line's upstream is the capture file's text, as the rows are)
+    title = printable(f"{args.capture}: {len(flows)} of {len(cap.flows)} flows"
+                      + (f" · upstream {sess.get('upstream')}" if sess.get("upstream") else ""))
     console.print(flow_table(flows, ids, title=title))
     return 0
