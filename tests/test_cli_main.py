@@ -370,3 +370,74 @@ def test_a_misspelt_api_in_a_filter_is_an_error_not_an_empty_result(command, tmp
     assert proc.returncode == 1, proc.stdout
     assert "'Fech'" in proc.stderr and "Fetch" in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "unused.pcapng").exists()
+
+
+@pytest.mark.parametrize("term, view", [("dumb", "LinePrinter"), ("xterm-256color", "LiveView")])
+def test_a_dumb_terminal_gets_the_line_printer(monkeypatch, term, view):
+    """rich's Live cannot move the cursor of a dumb terminal (``TERM=dumb``: Emacs
+    shell buffers, some CI consoles) and drew nothing until the proxy stopped: there
+    the flows are printed as lines, as in a pipe."""
+    import argparse
+    import io
+
+    from proxyutil import codec
+
+    from kinspect.commands.proxy import _view
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for name in ("FORCE_COLOR", "TTY_COMPATIBLE", "TTY_INTERACTIVE", "NO_COLOR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("TERM", term)
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    proxy = Proxy(ProxyConfig(upstream=("127.0.0.1", 9092)), codec())
+    got = _view(argparse.Namespace(no_tui=False, filter=None), proxy, "kinspect proxy")
+    assert type(got).__name__ == view
+
+
+def test_demo_stops_its_broker_when_its_terminal_hangs_up():
+    """SIGHUP (the terminal window closed) stops ``kinspect demo`` as Ctrl-C does: by
+    default it killed the demo at once, and the broker, in a process session of its
+    own, went on running."""
+    import os
+    import signal
+    from pathlib import Path
+
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "demo", "--no-tui",
+                             "--interval", "0.2"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    brokers: list[int] = []
+    try:
+        err = []
+        for line in proc.stderr:  # (the demo prints this once broker and proxy are up)
+            err.append(line)
+            if "listening on" in line:
+                break
+        m = re.search(r"forwarding to ([\d.]+):(\d+)", "".join(err))
+        assert m, "".join(err)
+        for stat in Path("/proc").glob("[0-9]*/stat"):  # the demo's broker process
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == proc.pid:
+                brokers.append(int(stat.parent.name))
+        assert brokers
+        proc.send_signal(signal.SIGHUP)
+        err.append(proc.communicate(timeout=60)[1])
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((m.group(1), int(m.group(2))), timeout=2).close()
+        assert "broker stopped" in "".join(err)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in brokers:  # left running (the failure this test is about): stopped here
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass

@@ -106,7 +106,14 @@ def _view(args: argparse.Namespace, proxy: Any, title: str):
         match = parse(args.filter, api_names(proxy.codec))
     if args.no_tui or not sys.stdout.isatty():
         return LinePrinter(match=match)
-    return LiveView(proxy, match=match, title=title)
+    from rich.console import Console
+
+    console = Console()
+    # a dumb terminal (TERM=dumb: Emacs shell buffers, some CI logs) cannot move the
+    # cursor, so rich's Live would draw nothing until the proxy stops
+    if console.is_dumb_terminal:
+        return LinePrinter(match=match)
+    return LiveView(proxy, console=console, match=match, title=title)
 
 
 async def _serve(args: argparse.Namespace, proxy: Any, title: str,
@@ -152,8 +159,11 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
 
 
 def _install_signals(stop: asyncio.Event) -> None:
+    """Stop on SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed): by default
+    SIGHUP kills the process at once, and ``kinspect demo`` would leave its broker
+    (in a session of its own, so not hung up with the terminal) running."""
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
