@@ -836,9 +836,12 @@ def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
 _INT_KEYS = ("conn", "ts_ns", "flow", "api_key", "api_version", "correlation_id")
 
 
+_STR_KEYS = ("dir", "client", "upstream", "event")
+
+
 def _bad_value(rec: dict[str, Any]) -> str | None:
-    """Why a frame or conn record cannot be used (a key that must hold an integer
-    holds something else), or ``None``."""
+    """Why a frame or conn record cannot be used (a key that must hold an integer, a
+    string or a list of strings holds something else), or ``None``."""
     if rec.get("type", "frame") not in ("frame", "conn"):
         return None
     for key in _INT_KEYS:
@@ -847,6 +850,14 @@ def _bad_value(rec: dict[str, Any]) -> str | None:
             continue  # absent (or a null ts_ns, flow id...: not known)
         if type(v) is not int:
             return f"{key!r} must be an integer, got {json.dumps(v)}"
+    for key in _STR_KEYS:
+        v = rec.get(key)
+        if v is not None and type(v) is not str:
+            return f"{key!r} must be a string, got {json.dumps(v)}"
+    flags = rec.get("flags")
+    if flags is not None and (type(flags) is not list
+                              or any(type(f) is not str for f in flags)):
+        return f"'flags' must be a list of strings, got {json.dumps(flags)}"
     return None
 
 
