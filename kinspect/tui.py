@@ -14,6 +14,7 @@ be rendered is logged and left out; the redraws go on.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -364,18 +365,43 @@ def _style(flow: Flow) -> str | None:
 
 
 class LinePrinter:
-    """A pipeline addon printing one line per flow (for logs and CI)."""
+    """A pipeline addon printing one line per flow (for logs and CI).
+
+    When the reader of ``out`` goes away (``kinspect proxy --no-tui | head``), the
+    printer says so once (a warning) and prints no more; the proxy goes on
+    forwarding, as a proxy must for its clients. ``out`` is then pointed at
+    /dev/null when it is the process's stdout, so that the interpreter's last
+    flush does not report the broken pipe either."""
 
     def __init__(self, out: TextIO | None = None, match: Filter | None = None):
         self.out = out or sys.stdout
         self.match = match
         self.topic_ids = TopicIds()
+        #: the reader went away: nothing more is printed
+        self.gone = False
 
     def on_flow(self, flow: Flow) -> None:
         self.topic_ids.learn(flow)
+        if self.gone:
+            return
         if self.match is None or self.match.matches(flow, topic_ids=self.topic_ids):
             line = flow_line(flow, self.topic_ids)
             encoding = getattr(self.out, "encoding", None)
             if encoding and not encoding.lower().startswith("utf"):
                 line = _encodable(line, encoding)
-            print(line, file=self.out, flush=True)
+            try:
+                print(line, file=self.out, flush=True)
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self.gone = True
+        log.warning("the reader of the flow lines went away: no more are printed; "
+                    "the proxy goes on")
+        if self.out is sys.stdout:
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+            except (OSError, ValueError, AttributeError):  # no real stdout
+                pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import time
 
 from clients import roundtrip_async
@@ -384,3 +385,26 @@ def test_wide_characters_keep_the_columns_in_line():
         assert len({cell_len(text) for text, _ in table.lines}) == 1, table.plain
         starts = {cell_len(text[:text.index("ApiVersions")]) for text, _ in table.lines[1:]}
         assert len(starts) == 1, table.plain
+
+
+def test_the_line_printer_stops_printing_once_its_reader_goes_away(caplog):
+    """``kinspect proxy --no-tui | head``: once the pipe's reader has gone, the
+    printer logs one warning and prints no more (before, every flow logged a
+    BrokenPipeError traceback); the flows keep coming to it without error."""
+    import logging
+
+    r, w = os.pipe()
+    os.close(r)  # the reader went away
+    out = os.fdopen(w, "w", encoding="utf-8")
+    printer = LinePrinter(out)
+    flows = _flows(3)
+    with caplog.at_level(logging.WARNING, logger="kinspect.tui"):
+        for flow in flows:
+            printer.on_flow(flow)  # no exception
+    assert printer.gone
+    warned = [r for r in caplog.records if r.name == "kinspect.tui"]
+    assert len(warned) == 1 and "went away" in warned[0].getMessage()
+    try:
+        out.close()
+    except BrokenPipeError:  # what the first print left in the buffer
+        pass
