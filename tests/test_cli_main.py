@@ -7,6 +7,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -438,6 +439,66 @@ def test_demo_stops_its_broker_when_its_terminal_hangs_up():
             proc.wait()
         for pid in brokers:  # left running (the failure this test is about): stopped here
             try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def test_demo_stops_at_a_second_ctrl_c_while_its_workload_hangs(tmp_path):
+    """Ctrl-C while the demo's workload waits on a client call (here on a broker
+    frozen with SIGSTOP: the call cannot end) says the demo is stopping; a second
+    Ctrl-C stops it now, without waiting for the workload, and the broker is still
+    stopped (no process left behind)."""
+    import os
+    import signal
+    from pathlib import Path
+
+    out = tmp_path / "flows.txt"
+    with open(out, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "kinspect", "demo", "--no-tui",
+                                 "--interval", "0.2"], stdout=fh,
+                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    brokers: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while b" Produce v" not in out.read_bytes():  # a flow line: the workload runs
+            assert proc.poll() is None and time.monotonic() < deadline, \
+                f"the demo printed no Produce flow:\n{out.read_text()}"
+            time.sleep(0.05)
+        for stat in Path("/proc").glob("[0-9]*/stat"):  # the demo's broker process
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == proc.pid:
+                brokers.append(int(stat.parent.name))
+        assert brokers
+        for pid in brokers:
+            os.kill(pid, signal.SIGSTOP)
+        proc.send_signal(signal.SIGINT)
+        err = []
+        for line in proc.stderr:
+            err.append(line)
+            if "Ctrl-C again" in line:
+                break
+        else:
+            raise AssertionError("".join(err))
+        proc.send_signal(signal.SIGINT)
+        err.append(proc.communicate(timeout=60)[1])
+        text = "".join(err)
+        assert "workload abandoned" in text and "broker stopped" in text, text
+        assert proc.returncode == 0 and "Traceback" not in text, text
+        for pid in brokers:
+            assert not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for pid in brokers:
+            try:
+                os.kill(pid, signal.SIGCONT)
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass

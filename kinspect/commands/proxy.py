@@ -8,7 +8,7 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 from . import (
     add_spec_options,
@@ -158,14 +158,21 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
             err_console.print(ruleset.table())
 
 
-def _install_signals(stop: asyncio.Event) -> None:
+def _install_signals(stop: asyncio.Event, again: asyncio.Event | None = None) -> None:
     """Stop on SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed): by default
     SIGHUP kills the process at once, and ``kinspect demo`` would leave its broker
-    (in a session of its own, so not hung up with the terminal) running."""
+    (in a session of its own, so not hung up with the terminal) running. A signal
+    after the first sets ``again`` (given): stop now, without waiting any more."""
     loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set() and again is not None:
+            again.set()
+        stop.set()
+
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
-            loop.add_signal_handler(sig, stop.set)
+            loop.add_signal_handler(sig, on_signal)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
             pass
 
@@ -186,6 +193,38 @@ def run_proxy(args: argparse.Namespace) -> int:
     return 0
 
 
+#: seconds the demo waits, once told to stop, for its workload's current step
+_WORKLOAD_STOP_TIMEOUT = 30.0
+
+
+def _in_daemon_thread(loop: asyncio.AbstractEventLoop, fn: Callable[[], Any]) -> asyncio.Future:
+    """Run ``fn()`` in a daemon thread; its outcome as a future of ``loop``. Not the
+    loop's executor, whose threads ``asyncio.run`` and the interpreter's exit wait
+    for: a workload stuck in a client call would hold the demo up after Ctrl-C."""
+    fut = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def run() -> None:
+        try:
+            outcome: tuple = (fn(), None)
+        except BaseException as e:  # noqa: BLE001 - handed to the future
+            outcome = (None, e)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the loop is closed: nobody waits for it any more
+            pass
+
+    threading.Thread(target=run, name="kinspect-demo-workload", daemon=True).start()
+    return fut
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from ..brokers import TansuBroker
     from ..proxy.server import install_uvloop
@@ -200,8 +239,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
         async def main() -> None:
             stop = asyncio.Event()  # Ctrl-C, --duration or --rounds done
+            now = asyncio.Event()  # Ctrl-C again: do not wait for the workload
             proxy_stop = asyncio.Event()  # set once the workload has finished
-            _install_signals(stop)
+            _install_signals(stop, now)
             proxy, _ = _build(args, (host, int(port)), listen)
             started: asyncio.Future = asyncio.get_running_loop().create_future()
             server = asyncio.create_task(_serve(args, proxy, "kinspect demo", proxy_stop,
@@ -229,17 +269,28 @@ def run_demo(args: argparse.Namespace) -> int:
                 return run_forever(bootstrap, stop_workload, messages=args.messages,
                                    interval=args.interval)
 
-            worker = loop.run_in_executor(None, work)
+            worker = _in_daemon_thread(loop, work)
             if args.duration is not None:
                 loop.call_later(args.duration, stop.set)
             worker.add_done_callback(lambda _: args.rounds is not None and stop.set())
             await stop.wait()
             stop_workload.set()
-            try:
-                result = await asyncio.wait_for(worker, 30)
-            except Exception as e:  # noqa: BLE001 - reported, then shut down cleanly
-                print(f"kinspect demo: workload failed: {e}", file=sys.stderr)
-                result = None
+            result = None
+            if not worker.done():  # a client call under way (a group join takes seconds)
+                print("kinspect demo: stopping once the workload's current step ends "
+                      "(Ctrl-C again to stop now)…", file=sys.stderr, flush=True)
+                forced = asyncio.ensure_future(now.wait())
+                await asyncio.wait({worker, forced}, timeout=_WORKLOAD_STOP_TIMEOUT,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                forced.cancel()
+            if not worker.done():
+                # its thread is a daemon: it neither holds up the exit nor outlives it
+                print("kinspect demo: workload abandoned in the middle of a step",
+                      file=sys.stderr)
+            elif worker.exception() is not None:
+                print(f"kinspect demo: workload failed: {worker.exception()}", file=sys.stderr)
+            else:
+                result = worker.result()
             proxy_stop.set()
             await server
             if result is not None:
