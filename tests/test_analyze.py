@@ -546,3 +546,66 @@ def test_rotated_parts_pair_in_part_order_without_timestamps(spark, tmp_path):
         assert conn1["ApiVersions"]["response_bytes"] == len(api_resp)
         assert conn1["Metadata"]["response_bytes"] == len(meta_resp)
         assert all(f["decode_error"] is None and f["response_decoded"] for f in flows)
+
+
+def test_file_names_with_glob_and_uri_characters_are_read_as_named(spark, sample, tmp_path):
+    """Spark expands glob characters in the paths it reads and names files by their
+    %-escaped URI: a capture named ``x[1].jsonl`` or ``a{b,c}.jsonl`` must be read
+    (it was an AnalysisException), ``st*r.jsonl`` must not read ``stXr.jsonl`` a
+    second time, and every capture keeps its own name, as the reference reads them."""
+    _, caps = sample
+    lines = (caps / "a.jsonl").read_bytes().splitlines(keepends=True)
+    d = tmp_path / "odd [dir]"
+    d.mkdir()
+    names = ["x[1].jsonl", "a{b,c}.jsonl", "st*r.jsonl", "stXr.jsonl", "a b#%20.jsonl",
+             "q?ü.jsonl"]
+    for i, name in enumerate(names):  # each its own number of lines
+        (d / name).write_bytes(b"".join(lines[: len(lines) - 3 * i]))
+    ref = reference.compute([d], what_if=False)
+    assert {f["capture"] for f in ref["flows"]} == set(names)
+    run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+    for table in ("flows", "api_stats", "clients"):
+        assert reference.sort_rows(table, parquet_rows(tmp_path / "out", table)) \
+            == ref[table], table
+
+
+def test_a_file_spark_cannot_read_as_named_is_a_capture_error(spark, sample, tmp_path):
+    """Spark picks the decompression by the file suffix and Hadoop cannot open a
+    file whose name holds ':'; the reference reads both. The job refuses them up
+    front with a CaptureError naming the file, rather than failing in a task with
+    a Java stack trace."""
+    from kinspect.capture import CaptureError
+
+    _, caps = sample
+    plain = (caps / "a.jsonl").read_bytes()
+    for name, data in {"plain.jsonl.gz": plain, "at-12:30.jsonl": plain,
+                       "packed.jsonl": gzip.compress(plain)}.items():
+        d = tmp_path / name.replace(":", "_")
+        d.mkdir()
+        (d / name).write_bytes(data)
+        assert reference.compute([d / name], what_if=False)["flows"]
+        with pytest.raises(CaptureError, match=name):
+            run_job(spark, [str(d / name)], tmp_path / "out", what_if=False)
+
+
+def test_cli_errors_are_one_line_not_tracebacks(spark, sample, tmp_path, capsys):
+    """An --out that is a file fails before any Spark work, with the path named; a
+    master Spark refuses is a plain error too (the JVM already said why). Both
+    printed as ``kinspect: error: ...`` with status 1, no Python traceback."""
+    from kinspect.cli import main
+
+    _, caps = sample
+    (tmp_path / "taken").write_text("a file")
+    assert main(["analyze", str(caps / "a.jsonl"), "--out", str(tmp_path / "taken"),
+                 "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "kinspect: error:" in err and "taken" in err and "Not a directory" in err
+    assert (tmp_path / "taken").read_text() == "a file"
+
+    proc = subprocess.run([sys.executable, "-m", "kinspect", "analyze", str(caps / "a.jsonl"),
+                           "--out", str(tmp_path / "out"), "--master", "nowhere://x",
+                           "--quiet"], capture_output=True, text=True, timeout=300, check=False,
+                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "kinspect: error: Spark did not start with --master 'nowhere://x'" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -39,9 +39,11 @@ the executors (``pip install``, with a C compiler) and pass ``--no-ship-code``.
 from __future__ import annotations
 
 import atexit
+import errno
 import hashlib
 import io
 import os
+import re
 import shutil
 import sys
 
@@ -338,10 +340,36 @@ class SparkProgress:
 # the job
 
 
-def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
-    """DataFrame of :data:`schema.PAIR` rows from capture files."""
-    from urllib.parse import quote
+def _glob_escape(path: str) -> str:
+    """``path`` with Hadoop's glob characters escaped: ``spark.read`` expands globs,
+    so a file named ``x[1].jsonl`` was an error and ``a*.jsonl`` read its siblings too."""
+    return re.sub(r"([\\*?\[\]{}])", r"\\\1", path)
 
+
+#: characters ``java.net.URI`` keeps as they are in a path (unreserved, punct, "@")
+_URI_PATH_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789"
+                           "_-!.~'()*,;:$&+=@")
+
+
+def _uri_name(name: str) -> str:
+    """A file name as Spark gives it in ``_metadata.file_name`` (the path of a
+    ``java.net.URI``): other ASCII characters than :data:`_URI_PATH_SAFE`, and
+    space and control characters, %-escaped as UTF-8; other non-ASCII kept."""
+    return "".join(
+        c if c in _URI_PATH_SAFE or (not c.isascii() and c.isprintable() and not c.isspace())
+        else "".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape"))
+        for c in name)
+
+
+def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
+    """DataFrame of :data:`schema.PAIR` rows from capture files.
+
+    Raises:
+        kinspect.capture.CaptureError: a local capture file Spark cannot read as
+            named: gzip-compressed without a ``.gz`` suffix or the reverse (Spark
+            picks the decompression by the suffix), or a name holding ``:`` (Hadoop
+            cannot open it).
+    """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -356,17 +384,22 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
             if isinstance(p, str):  # a URI
                 paths.append(p)
                 continue
-            part_of[p.name] = i
-            part_of.setdefault(quote(p.name), i)
             with open(p, "rb") as fh:
-                if fh.read(2) == b"\x1f\x8b" and not p.name.endswith(".gz"):
-                    raise CaptureError("gzip-compressed but not named *.gz: Spark picks "
-                                       "the decompression by the file suffix", p)
-            names[p.name] = name
-            names.setdefault(quote(p.name), name)  # file_path is a URI: %-escaped
-            paths.append(str(p))
-    raw = spark.read.text(paths).select(
-        "value", F.element_at(F.split(F.col("_metadata.file_path"), "/"), -1).alias("file"))
+                magic = fh.read(2)
+            if magic == b"\x1f\x8b" and not p.name.endswith(".gz"):
+                raise CaptureError("gzip-compressed but not named *.gz: Spark picks "
+                                   "the decompression by the file suffix", p)
+            if magic and magic != b"\x1f\x8b" and p.name.endswith(".gz"):
+                raise CaptureError("named *.gz but not gzip-compressed: Spark picks "
+                                   "the decompression by the file suffix", p)
+            if ":" in p.name:  # Hadoop's checksum file name for it is no valid path
+                raise CaptureError("Spark (Hadoop) cannot read a file whose name holds "
+                                   "':'; rename it", p)
+            key = _uri_name(p.name)  # file_name is the last segment of a URI: %-escaped
+            part_of[key] = i
+            names[key] = name
+            paths.append(_glob_escape(os.path.abspath(p)))
+    raw = spark.read.text(paths).select("value", F.col("_metadata.file_name").alias("file"))
     raw = raw.withColumn("line", F.monotonically_increasing_id())
     # URIs (hdfs://, s3a://) go to Spark as they are: each file is its own capture
     capture = F.col("file")
@@ -671,7 +704,9 @@ def run_job(spark, capture_paths: list[str], out: str | os.PathLike, *,
         partitions: partitions of the decoding stages (default: 4 per core).
 
     Raises:
-        kinspect.capture.CaptureError: a missing capture path.
+        kinspect.capture.CaptureError: a missing capture path, or a capture file
+            Spark cannot read as named (see :func:`read_pairs`).
+        OSError: a local ``out`` that cannot be made a directory.
     """
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
@@ -684,6 +719,11 @@ def run_job(spark, capture_paths: list[str], out: str | os.PathLike, *,
         return f"{out}/{name}"
 
     captures = capture_files(capture_paths)
+    if "://" not in out:  # fail now, not after decoding, when it cannot be a directory
+        try:
+            Path(out).mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file
+            raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), out) from None
     master = spark.sparkContext.master
     workdir = Path(tempfile.mkdtemp(prefix="kinspect-job-"))
     # the driver serves added files from here while the context lives

@@ -78,12 +78,18 @@ def run(args: argparse.Namespace) -> int:
         write_tables(tables, out)
         result = result_from_tables(tables, out, seconds=time.perf_counter() - t0)
     else:
+        from pyspark.errors import PySparkException
         from pyspark.sql import SparkSession
 
         from ..analysis.job import build_session, run_job
+        from ..codec.errors import KinspectError
 
         existing = SparkSession.getActiveSession()
-        spark = existing or build_session(args.master, conf=conf)
+        try:
+            spark = existing or build_session(args.master, conf=conf)
+        except PySparkException as e:  # e.g. a bad master URL: the JVM said why above
+            raise KinspectError(f"Spark did not start with --master {args.master!r}: "
+                                f"{e}") from None
         try:
             result = run_job(spark, args.captures, args.out, spec_paths=args.specs,
                              ship=args.ship_specs, code=args.ship_code, what_if=args.what_if,
