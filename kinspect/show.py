@@ -66,16 +66,23 @@ SUMMARY_MAX_DECOMPRESSED = 16 * 1024 * 1024
 def printable(text: str) -> str:
     """``text`` with every character that is not printable (``str.isprintable``:
     control characters such as ESC, BEL, CR and tab, line and paragraph separators,
-    bidirectional overrides) written as a ``\\xNN``, ``\\uNNNN`` or ``\\UNNNNNNNN``
-    escape. Client ids and topic names come from the wire and are shown in terminals
-    and logs, where they must not move the cursor or start an escape sequence."""
+    bidirectional overrides) written as an escape. Client ids and topic names come
+    from the wire and are shown in terminals and logs, where they must not move the
+    cursor or start an escape sequence.
+
+    ``\\xNN`` is always a byte: an ASCII control character, or a byte that is not
+    UTF-8, which the decoder keeps as a surrogate escape (U+DC80-U+DCFF, see
+    :mod:`kinspect.codec.values`); other characters are ``\\uNNNN`` or
+    ``\\UNNNNNNNN`` (the C1 control CSI is ``\\u009b``, the byte 0x9b ``\\x9b``)."""
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else _escape(ord(c)) for c in text)
 
 
 def _escape(code: int) -> str:
-    if code < 0x100:
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8 (surrogateescape)
+        return f"\\x{code - 0xDC00:02x}"
+    if code < 0x80:
         return f"\\x{code:02x}"
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 

@@ -502,3 +502,17 @@ def test_show_writes_to_a_stdout_that_is_not_utf8():
         assert proc.returncode == 0, proc.stderr.decode(errors="replace")
         out = proc.stdout.decode("ascii")
         assert "Fetch v" in out and ("\\xb7" in out or "\\u2192" in out), out[:500]
+
+
+def test_a_byte_that_is_not_utf8_is_shown_as_that_byte():
+    """A client id with bytes that are not UTF-8 decodes losslessly into surrogate
+    escapes (U+DC80-U+DCFF); the terminal views show each such byte as ``\\xNN``, the
+    byte on the wire, and other characters that are not printable by code point
+    (``\\u009b`` for the C1 control CSI), so ``\\xNN`` always means a byte."""
+    from kinspect.show import printable
+
+    raw = b"k\xff\x9bs"
+    name = raw.decode("utf-8", "surrogateescape")  # as the codec reads it
+    assert printable(name) == "k\\xff\\x9bs"
+    assert printable("a\x9b[2Jb\x1b\u2028") == "a\\u009b[2Jb\\x1b\\u2028"
+    assert printable("\U000e0001") == "\\U000e0001"  # a tag character: not printable
