@@ -46,6 +46,11 @@ others) is written past the page cache instead
 buffered, and on close. A crash, or a reader while the capture is being written,
 may then also find a torn last line, and nothing else.
 
+A write error (a full disk, ``EIO``) ends the capture where it stands: the part
+being written is cut back to its last whole line (a gzip part is ended at its last
+flush, trailer included), nothing more is written, and the error is raised once,
+naming the file.
+
 Rotation (``--capture-max-bytes N``): when the JSON bytes written to the current
 part (counted before gzip) would pass ``N``, a new part is started (a part holds at
 least one line after its session line, so a single larger line still fits):
@@ -80,11 +85,13 @@ import argparse
 import asyncio
 import base64
 import binascii
+import errno
 import gzip
 import json
 import logging
 import os
 import re
+import stat
 import struct
 import time
 import warnings
@@ -445,9 +452,12 @@ class CaptureWriter(CaptureHooks):
 
     Attributes:
         lines, frames: counts written so far; ``paths``: parts written.
+        error: the write error that ended the capture, or ``None``.
 
     Raises:
-        OSError: the file cannot be created (at construction) or written.
+        OSError: the file cannot be created (at construction) or written (once, from
+            the call whose write failed, ``filename`` the part; the part is cut back
+            to its last whole line and later calls write nothing).
     """
 
     def __init__(self, path: str | os.PathLike, codec: Codec | None = None, *,
@@ -484,6 +494,12 @@ class CaptureWriter(CaptureHooks):
         self._pending_since = 0.0
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
+        #: the write error that ended the capture (``None`` while it goes on)
+        self.error: OSError | None = None
+        #: file offset of the current part's last whole line in the file, and (gzip)
+        #: the CRC-32 and length of the text up to it
+        self._good = 0
+        self._good_crc = self._good_size = 0
         self._open_part(0)
 
     # -- files -----------------------------------------------------------------
@@ -510,18 +526,25 @@ class CaptureWriter(CaptureHooks):
         self._part = part
         self._part_bytes = 0
         self._part_lines = 0
+        self._good = raw.tell()  # (after the gzip header)
+        self._good_crc = self._good_size = 0
         self.paths.append(p)
         self._append(self._session_line(), rotate=False)
 
     def _close_part(self) -> None:
         try:
-            self._write_pending()
+            if self.error is None:
+                self._write_pending()
         finally:
             direct, self._direct = self._direct, None
             try:
                 if direct is not None:
+                    if self.error is not None:
+                        direct.flushed = True  # (the file was cut: write nothing more)
                     direct.close()
                 if self._fh is not self._raw:
+                    if self.error is not None:
+                        self._fh.fileobj = None  # (the file was cut and ended already)
                     self._fh.close()
                 self._drop.close()
             finally:
@@ -560,7 +583,10 @@ class CaptureWriter(CaptureHooks):
             if direct.flushed:
                 self._pending_since = time.monotonic()
                 self._arm_timer()
-            direct.write_parts(parts)
+            try:
+                direct.write_parts(parts)
+            except OSError as e:
+                self._cut(e)
             if direct.refused:  # all of it went through the page cache: go on that way
                 self._direct = None
                 direct.close()
@@ -593,10 +619,45 @@ class CaptureWriter(CaptureHooks):
         if not self._closed:
             self.flush()
 
+    def _cut(self, e: OSError) -> None:
+        """A write failed (a full disk, ``EIO``): cut the part back to its last whole
+        line (a gzip part is ended there, with its trailer), write nothing more, and
+        raise ``e`` naming the file."""
+        self.error = e
+        self._pending = []
+        fd = self._raw.fileno()
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):  # a pipe, a device: nothing to cut
+                raise OSError(errno.ESPIPE, "not a regular file")
+            if not self.gzip:  # lines written whole before the failed one stay
+                with open(self.paths[-1], "rb") as r:
+                    r.seek(self._good)
+                    self._good += r.read(max(0, os.fstat(fd).st_size - self._good)
+                                         ).rfind(b"\n") + 1
+            os.ftruncate(fd, self._good)
+            if self.gzip:  # end the stream at the last sync point: an empty final block
+                os.pwrite(fd, b"\x03\x00" + struct.pack("<II", self._good_crc,
+                                                         self._good_size & 0xFFFFFFFF),
+                          self._good)
+        except OSError:  # not a regular file, or not even room for the trailer
+            pass
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(self.paths[-1])) from e
+        raise e
+
     def _write_pending(self) -> None:
+        if self.error is not None:
+            return
+        try:
+            self._write_pending_lines()
+        except OSError as e:
+            self._cut(e)
+
+    def _write_pending_lines(self) -> None:
         direct = self._direct
         if direct is not None:
             direct.flush()
+            self._good = direct.end
             if direct.refused:
                 self._direct = None
                 direct.close()
@@ -612,12 +673,13 @@ class CaptureWriter(CaptureHooks):
         else:
             fh.write(b"".join(parts))
             fh.flush(zlib.Z_SYNC_FLUSH)
+            self._good_crc, self._good_size = fh.crc, fh.size
+        try:
+            end = self._good = os.lseek(fd, 0, os.SEEK_CUR)
+        except OSError:  # not seekable (a pipe): nothing to drop, nothing to cut
+            self._drop.active = False
+            return
         if self._drop.active:
-            try:
-                end = os.lseek(fd, 0, os.SEEK_CUR)
-            except OSError:  # not seekable (a pipe): nothing to drop
-                self._drop.active = False
-                return
             self._drop.wrote(end)
 
     def flush(self) -> None:
@@ -660,7 +722,7 @@ class CaptureWriter(CaptureHooks):
         """Write one frame line for ``flow`` (``direction`` ``"req"``/``"resp"``),
         redacting secrets unless :attr:`secrets` is set. ``frame`` and ``sent`` may be
         any bytes-like objects; nothing keeps them after the call."""
-        if self._closed:
+        if self._closed or self.error is not None:
             return
         redacted = False
         if not self.secrets:
@@ -687,7 +749,7 @@ class CaptureWriter(CaptureHooks):
             self._append_line(head, ((_FRAME_KEY, _b64(frame)),))
 
     def _conn_line(self, conn: Any, event: str, ts: int) -> None:
-        if self._closed:
+        if self._closed or self.error is not None:
             return
         self._append({"type": "conn", "event": event, "ts_ns": ts, "conn": conn.id,
                       "client": conn.client, "upstream": conn.upstream_addr})

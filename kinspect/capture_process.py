@@ -385,6 +385,9 @@ class CaptureProcess(CaptureHooks):
             self._write_some()
 
     def _fail(self, e: BaseException) -> None:
+        if isinstance(e, BrokenPipeError) and self._proc.poll() is not None:
+            # (the child said why on stderr: a full disk, for instance)
+            e = ChildProcessError(f"it exited with status {self._proc.returncode}")
         self._broken = True
         self._out.clear()
         self._queued = 0
@@ -451,7 +454,7 @@ class CaptureProcess(CaptureHooks):
                 self.lines = info["lines"]
                 self.redacted = info["redacted"]
                 self.paths = [Path(p) for p in info["paths"]]
-        if self._proc.returncode != 0:
+        if self._proc.returncode != 0 and not self._broken:  # (else said already)
             log.error("capture process exited with status %s", self._proc.returncode)
 
 
@@ -663,7 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 - e.g. a full disk: one line, not a traceback
         # over the live view (the lines received so far were written: see _child)
         print(f"kinspect capture process: {type(e).__name__}: {e}" if not isinstance(e, OSError)
-              else f"kinspect capture process: {e}", file=sys.stderr, flush=True)
+              else f"kinspect capture process: {e}; the capture ends at its last whole line",
+              file=sys.stderr, flush=True)
         return 1
 
 

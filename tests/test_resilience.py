@@ -245,7 +245,7 @@ async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") ->
 class ProxyProcess:
     """``kinspect proxy --no-tui`` in a subprocess (for RSS and signal tests)."""
 
-    def __init__(self, upstream: str, tmp: Path, *extra: str):
+    def __init__(self, upstream: str, tmp: Path, *extra: str, preexec_fn=None):
         self.port = free_port()
         self.out = open(tmp / "proxy.out", "wb")
         self.err_path = tmp / "proxy.err"
@@ -254,7 +254,8 @@ class ProxyProcess:
             [sys.executable, "-m", "kinspect", "proxy", "--no-tui", "--upstream", upstream,
              "--listen", f"127.0.0.1:{self.port}", *extra],
             stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL,
-            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+            preexec_fn=preexec_fn)
         deadline = time.monotonic() + 30
         while b"listening on" not in self.err_path.read_bytes():
             if self.proc.poll() is not None or time.monotonic() > deadline:
