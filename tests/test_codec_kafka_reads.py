@@ -186,23 +186,34 @@ def test_produce_acks_skip_reads_a_huge_compact_transactional_id_as_null():
 
 
 # ---------------------------------------------------------------------------
-# tagged strings and bytes are compact, whatever the field's flexibleVersions
+# tagged strings and bytes are compact: a tagged field's versions are flexible ones
 
 
-def test_tagged_string_with_flexible_versions_none_is_written_compact():
-    """Kafka's generated writer for a tagged string: writeUnsignedVarint(tag),
-    writeUnsignedVarint(len + sizeOfUnsignedVarint(len + 1)), writeUnsignedVarint(len
-    + 1), the bytes; likewise for bytes. The field's flexibleVersions is not looked
-    at."""
-    c = inline({"name": "T", "type": "data", "validVersions": "0", "flexibleVersions": "0+",
+def test_tagged_field_outside_its_own_flexible_versions_is_a_spec_error():
+    """MessageDataGenerator.generateClassReader: "Field S specifies tagged versions 0+
+    that are not a subset of the flexible versions none" (the field's own
+    flexibleVersions when it has them, else the message's)."""
+    for own in ("none", "1+"):
+        with pytest.raises(SpecError) as ei:
+            inline({"name": "T", "type": "data", "validVersions": "0-1", "flexibleVersions": "0+",
+                    "fields": [{"name": "S", "type": "string", "versions": "0+",
+                                "flexibleVersions": own, "taggedVersions": "0+", "tag": 0}]})
+        assert ei.value.field == "S" and "non-flexible" in ei.value.reason
+
+
+def test_tagged_string_with_a_narrower_flexible_versions_is_compact_where_tagged():
+    """A field-level flexibleVersions "1+" in a message flexible from 0: at v0 the
+    string is untagged and not compact (int16 length); from v1 it is tagged, and
+    compact (writeUnsignedVarint(tag), the size, writeUnsignedVarint(len + 1), the
+    bytes)."""
+    c = inline({"name": "T", "type": "data", "validVersions": "0-1", "flexibleVersions": "0+",
                 "fields": [{"name": "S", "type": "string", "versions": "0+",
-                            "flexibleVersions": "none", "taggedVersions": "0+", "tag": 1},
-                           {"name": "B", "type": "bytes", "versions": "0+",
-                            "flexibleVersions": "none", "taggedVersions": "0+", "tag": 2}]})
-    wire = h("02 | 01 03 03 61 62 | 02 02 02 ff")
-    m = c.cls(S="ab", B=b"\xff")
-    assert c.encode(m, 0) == wire
-    assert c.decode(wire, 0) == m
+                            "flexibleVersions": "1+", "taggedVersions": "1+", "tag": 0}]})
+    m = c.cls(S="ab")
+    v0 = h("00 02 61 62 | 00")  # int16 length 2, "ab", an empty tag section
+    v1 = h("01 | 00 03 03 61 62")  # one tag: tag 0, 3 bytes: length 2 + 1, "ab"
+    assert c.encode(m, 0) == v0 and c.decode(v0, 0) == m
+    assert c.encode(m, 1) == v1 and c.decode(v1, 1) == m
 
 
 def test_field_flexible_versions_beyond_the_messages_are_a_spec_error():

@@ -71,6 +71,48 @@ INVALID = [
         {"name": "C", "versions": "0+", "fields": [_f("X", type="D")]},
         {"name": "D", "versions": "0+", "fields": [_f("Y", type="[]C")]}]), "D.Y",
      "refers to itself"),
+    # rules of Kafka's generator (generator/src/main/java/org/apache/kafka/message/)
+    # MessageDataGenerator.generate: "does not specify a maximum version"
+    (_msg([_f()], validVersions="0+"), None, "no maximum version"),
+    # MessageSpec: flexibleVersions "must be either none, or an open-ended range"
+    (_msg([_f()], flexibleVersions="2-3"), None, "open-ended"),
+    # MessageSpec: listeners and latestVersionUnstable only for requests
+    (_msg([_f()], type="response", listeners=["broker"]), None, "only valid"),
+    (_msg([_f()], type="response", latestVersionUnstable=True), None, "only valid"),
+    # FieldSpec.VALID_FIELD_NAMES: [A-Za-z]([A-Za-z0-9]*)
+    (_msg([_f(name="Topic_Name")]), "Topic_Name", "invalid field name"),
+    # FieldType.parse and StructRegistry.register: struct names start with a capital
+    (_msg([_f(type="lowerStruct", fields=[_f("X")])]), "F", "capital letter"),
+    (_msg([_f(type="[]lowerStruct", fields=[_f("X")])]), "F", "capital letter"),
+    (_msg([_f()], commonStructs=[{"name": "cs", "versions": "0+", "fields": [_f("X")]}]),
+     "cs", "capital letter"),
+    # FieldSpec.checkTagInvariants: all tagged versions nullable, or none
+    (_msg([_f(type="string", tag=0, taggedVersions="2+", nullableVersions="3+")]), "F",
+     "either all tagged versions are nullable or none"),
+    # FieldSpec: "Tagged fields cannot be used as keys."
+    (_msg([_f("A", type="[]S", fields=[_f("K", tag=0, taggedVersions="2+", mapKey=True)])]),
+     "A.K", "mapKey"),
+    # MessageDataGenerator: "Unsupported attempt to declare field ... with records type
+    # as a tagged field"
+    (_msg([_f(type="records", nullableVersions="0+", tag=0, taggedVersions="2+")]), "F",
+     "records field cannot be tagged"),
+    # MessageDataGenerator.generateClassReader: taggedVersions within the field's
+    # flexible versions, all of them (not only the valid ones: 4+ here)
+    (_msg([_f(type="string", tag=0, taggedVersions="4+")], flexibleVersions="none"), "F",
+     "non-flexible"),
+    (_msg([_f(type="string", tag=0, taggedVersions="2+", flexibleVersions="3+")]), "F",
+     "non-flexible"),
+    # FieldSpec.validateNullDefault: nullableVersions contains the field's versions, as
+    # written (0+ here, though only 0-3 are valid; and the untagged ones too)
+    (_msg([_f(type="string", nullableVersions="0-3", default="null")]), "F", "null default"),
+    (_msg([_f(type="string", tag=0, taggedVersions="2+", nullableVersions="2+",
+              default="null")]), "F", "null default"),
+    # MessageDataGenerator.generateClass: "Cannot set mapKey on top level fields."
+    (_msg([_f(mapKey=True)]), "F", "top-level"),
+    # EntityType: a known entity type, of a matching type (or an array of it)
+    (_msg([_f(type="int32", entityType="topicName")]), "F", "entityType topicName needs"),
+    (_msg([_f(type="[]int64", entityType="brokerId")]), "F", "entityType brokerId needs"),
+    (_msg([_f(type="string", entityType="topicId")]), "F", "unknown entityType"),
 ]
 
 
@@ -84,6 +126,20 @@ def test_invalid_specs_name_file_and_field(doc, field, why):
     if why:
         assert why in e.reason, e
     assert str(e).startswith("specs/BadRequest.json")
+
+
+def test_entity_types_and_open_ended_flexible_versions_kafka_accepts():
+    """The valid counterparts of the cases above: entity types on their type or an
+    array of it, ``unknown`` on anything, flexibleVersions none, and a null default
+    nullable in every version of a tagged field."""
+    c = inline(_msg([_f("A", type="[]string", entityType="topicName"),
+                     _f("B", type="int64", entityType="producerId"),
+                     _f("C", type="bool", entityType="unknown"),
+                     _f("D", type="string", versions="2+", tag=0, taggedVersions="2+",
+                        nullableVersions="2+", default="null")], flexibleVersions="2+"))
+    assert c.spec.fields[0].entity_type == "topicName"
+    assert c.spec.fields[3].default is None
+    inline(_msg([_f()], flexibleVersions="none"))
 
 
 def test_json_syntax_errors_name_the_file():

@@ -47,6 +47,12 @@ _FIELD_KEYS = {"name", "type", "versions", "about", "fields", "default", "entity
                "flexibleVersions", "encoding"}
 _COMMON_KEYS = {"name", "versions", "fields"}
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+#: field names as Kafka's generator takes them (``FieldSpec.VALID_FIELD_NAMES``)
+_FIELD_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+#: ``entityType`` values (Kafka's generator ``EntityType``) and the type each applies to
+#: (to the elements of an array); ``unknown`` applies to any type
+ENTITY_TYPES = {"unknown": None, "transactionalId": "string", "producerId": "int64",
+                "groupId": "string", "topicName": "string", "brokerId": "int32"}
 _ZERO_UUID = bytes(16)
 
 
@@ -243,6 +249,15 @@ def parse_message_spec(doc: Any, source: str) -> MessageSpec:
                          required=True)
     deprecated = _versions(doc.get("deprecatedVersions"), source, None, "deprecatedVersions",
                            default=NONE)
+    # Kafka's generator: MessageDataGenerator.generate ("does not specify a maximum
+    # version") and the MessageSpec constructor
+    if valid.highest == ALL.highest:
+        raise SpecError(f"validVersions {valid} has no maximum version (use N-M)", source)
+    if not flexible.empty and flexible.highest != ALL.highest:
+        raise SpecError(f"flexibleVersions {flexible} must be none or open-ended (N+)", source)
+    for key in ("listeners", "latestVersionUnstable"):
+        if doc.get(key) and mtype != "request":
+            raise SpecError(f"{key} is only valid for messages of type request", source)
     if not isinstance(doc.get("fields"), list):
         raise SpecError("missing 'fields' list", source)
 
@@ -254,11 +269,17 @@ def parse_message_spec(doc: Any, source: str) -> MessageSpec:
         cname = cs.get("name")
         if not isinstance(cname, str) or not _NAME_RE.match(cname):
             raise SpecError(f"invalid common struct name {cname!r}", source)
+        if not cname[0].isupper():  # Kafka's StructRegistry.register
+            raise SpecError(f"common struct name {cname} must start with a capital letter",
+                            source, cname)
         if cname in ctx.common_docs:
             raise SpecError(f"common struct {cname} defined twice", source, cname)
         ctx.common_docs[cname] = cs
     top = StructSpec(name, valid, [])
     top.fields = ctx.parse_fields(doc["fields"], name, valid, "")
+    for f in top.fields:  # Kafka's MessageDataGenerator.generateClass
+        if f.map_key:
+            raise SpecError("mapKey cannot be set on top-level fields", source, f.path)
     for cname in ctx.common_docs:
         if cname not in ctx.structs:  # unused common structs are still validated
             ctx.common_struct(cname, name)
@@ -326,8 +347,9 @@ class _Context:
             raise self.err("field entries must be objects", parent_path)
         name = d.get("name")
         path = f"{parent_path}.{name}" if parent_path else str(name)
-        if not isinstance(name, str) or not _NAME_RE.match(name):
-            raise self.err(f"invalid field name {name!r}", path)
+        if not isinstance(name, str) or not _FIELD_NAME_RE.fullmatch(name):
+            raise self.err(f"invalid field name {name!r} (letters and digits, a letter "
+                           f"first)", path)
         _check_keys(d, _FIELD_KEYS, self.source, path)
         ftype = d.get("type")
         if not isinstance(ftype, str) or not ftype:
@@ -335,6 +357,10 @@ class _Context:
         elem = ftype[2:] if ftype.startswith("[]") else ftype
         if not _NAME_RE.match(elem):
             raise self.err(f"invalid type {ftype!r}", path)
+        if elem not in PRIMITIVES and not elem[0].isupper():
+            # Kafka's FieldType.parse: a struct type starts with a capital letter
+            raise self.err(f"invalid type {ftype!r}: struct type names start with a capital "
+                           f"letter", path)
 
         tag = d.get("tag")
         if isinstance(tag, str) and tag.strip().isdigit():
@@ -350,10 +376,6 @@ class _Context:
                 raise self.err("a tagged field needs non-empty taggedVersions", path)
             if tagged.highest != ALL.highest:
                 raise self.err(f"taggedVersions {tagged} must be open-ended (N+)", path)
-            if not self.flexible.is_superset_of(tagged.intersect(self.valid)):
-                raise self.err(
-                    f"taggedVersions {tagged} include non-flexible versions "
-                    f"(flexibleVersions {self.flexible})", path)
         versions_text = d.get("versions")
         if versions_text is None and tag is not None:
             versions = tagged
@@ -363,6 +385,16 @@ class _Context:
             raise self.err(f"taggedVersions {tagged} not within versions {versions}", path)
         nullable = _versions(d.get("nullableVersions"), self.source, path, "nullableVersions",
                              default=NONE)
+        if tag is not None:
+            # Kafka's FieldSpec.checkTagInvariants and MessageDataGenerator
+            both = nullable.intersect(tagged)
+            if not (both.empty or both == tagged):
+                raise self.err(f"nullableVersions {nullable} and taggedVersions {tagged}: "
+                               f"either all tagged versions are nullable or none", path)
+            if _bool(d, "mapKey", self, path):
+                raise self.err("a tagged field cannot be a mapKey", path)
+            if ftype == "records":
+                raise self.err("a records field cannot be tagged", path)
         flex_override = None
         if "flexibleVersions" in d:
             flex_override = _versions(d["flexibleVersions"], self.source, path,
@@ -375,12 +407,13 @@ class _Context:
             if not self.flexible.is_superset_of(flex_override):
                 raise self.err(f"flexibleVersions {flex_override} are not a subset of the "
                                f"message's flexibleVersions {self.flexible}", path)
-            # A tagged field is always written in the compact form whatever its own
-            # flexibleVersions say (Kafka's generated writers write the length as an
-            # unsigned varint for every tagged string and bytes field); kinspect reads
-            # it the same way. (Kafka's generated readers would read such a field by
-            # its flexibleVersions, so a tagged field with "none" cannot round-trip
-            # through Kafka's own code; no Kafka spec has one.)
+        # Kafka's MessageDataGenerator.generateClassReader: a tagged field's versions
+        # are within its flexible versions (its own flexibleVersions when it has them),
+        # all of them, not only the valid ones; so a tagged string or bytes is compact
+        field_flexible = self.flexible if flex_override is None else flex_override
+        if not field_flexible.is_superset_of(tagged):
+            raise self.err(f"taggedVersions {tagged} include non-flexible versions "
+                           f"(flexibleVersions {field_flexible})", path)
 
         f = FieldSpec(
             name=name, type=ftype, versions=versions, nullable_versions=nullable,
@@ -389,6 +422,14 @@ class _Context:
             entity_type=d.get("entityType"), about=str(d.get("about", "")),
             zero_copy=_bool(d, "zeroCopy", self, path), path=path,
         )
+        entity = f.entity_type
+        if entity is not None:  # Kafka's EntityType.verifyTypeMatches
+            if entity not in ENTITY_TYPES:
+                raise self.err(f"unknown entityType {entity!r} (one of "
+                               f"{', '.join(ENTITY_TYPES)})", path)
+            if ENTITY_TYPES[entity] not in (None, elem):
+                raise self.err(f"entityType {entity} needs type {ENTITY_TYPES[entity]} "
+                               f"(or an array of it), not {ftype}", path)
         if f.zero_copy and elem not in ("bytes",):
             raise self.err("zeroCopy is only allowed on bytes fields", path)
         is_struct_type = elem not in PRIMITIVES
@@ -557,10 +598,9 @@ def _parse_default(raw: Any, f: FieldSpec, ctx: _Context, path: str) -> tuple[st
         # the generator's records default is null, whatever the spec says (unchecked)
         return text, None
     if text == "null":
-        present = f.versions.intersect(ctx.valid) if not f.versions.empty else f.versions
-        if not f.nullable_versions.is_superset_of(present) and not (
-            f.is_tagged and f.nullable_versions.is_superset_of(f.tagged_versions)
-        ):
+        # Kafka's FieldSpec.validateNullDefault: nullable in all the field's versions
+        # (as written, not only the message's valid ones)
+        if not f.nullable_versions.is_superset_of(f.versions):
             raise ctx.err("a null default needs the field nullable in all its versions", path)
         return text, None
     if f.is_array or f.struct is not None:
