@@ -49,6 +49,7 @@ from typing import Any
 
 from . import __version__
 from .codec import Codec, DecodeError, KinspectError, Request, Struct
+from .codec.compiler import ForeignTag
 from .codec.spec import StructSpec
 from .codec.values import struct_class
 from .flows import top_level_error_code
@@ -769,7 +770,7 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
                         _, steps = parse_place(place)
                         targets = list(iter_targets(req.body, steps))
                     for t in targets:
-                        t.unknown_tags[tag] = generated_payload(n)
+                        t.unknown_tags[ForeignTag(tag)] = generated_payload(n)
                     status, frame, detail, ms = _send(codec, address, req, cfg.timeout)
                     sent += 1
                     outcome, code, detail = classify(codec, key, v, status, frame, detail,

@@ -447,6 +447,28 @@ def test_unknown_tags_no_reader_could_read_back_are_encode_errors():
         assert ei.value.path == "SimpleExampleMessage", ei.value
 
 
+def test_a_foreign_tag_of_a_field_of_another_version_is_written():
+    """``ForeignTag``: the tag-tolerance tools (proxy rules, ``kinspect tolerate``) send
+    the tag of a field tagged only at later versions (8 and 9 from v2 here) to see
+    whether a peer skips it; the encoder writes it at v1, in tag order, and a reader
+    refuses it there as Kafka's does. A tag tagged at the version written (4) stays an
+    EncodeError, ForeignTag or not."""
+    from kinspect.codec.compiler import ForeignTag
+
+    c = _sem()
+    m = c.cls(unknown_tags={ForeignTag(8): b"\x01", 99: b""})
+    wire = c.encode(m, 1)
+    plain = c.encode(c.cls(), 1)
+    assert plain.endswith(b"\x00")
+    assert wire == plain[:-1] + bytes([2, 8, 1, 1, 99, 0])
+    with pytest.raises(DecodeError, match="not valid for version 1"):
+        c.decode(wire, 1)
+    with pytest.raises(EncodeError, match="tag of a field"):
+        c.encode(c.cls(unknown_tags={ForeignTag(4): b"\x01"}), 1)
+    with pytest.raises(EncodeError, match="tag of a field"):
+        c.encode(c.cls(unknown_tags={ForeignTag(8): b""}), 2)
+
+
 def _tags_nested():
     return inline({"name": "T", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
                    "fields": [{"name": "A", "type": "int32", "versions": "0+"},

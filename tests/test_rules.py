@@ -9,7 +9,7 @@ import argparse
 
 import pytest
 
-from kinspect.codec import Codec, Request, Response
+from kinspect.codec import Codec, DecodeError, EncodeError, Request, Response
 from kinspect.codec.compiler import write_uvarint
 from kinspect.flows import Flow
 from kinspect.proxy.rules import (
@@ -634,3 +634,94 @@ def test_the_client_side_recipe_in_the_help_is_one_shell_command_of_valid_rules(
     assert end - start == len(injects)  # one --inject per line, as printed
     for text in injects:
         assert parse_flag("inject", text).action == "inject"
+
+
+# -- found in review (session 13) --------------------------------------------------
+
+
+def test_inject_a_tag_a_later_version_defines_is_sent(codec):
+    """A tag number that a field has only in later versions (Fetch request ReplicaState,
+    top-level tag 1 from v15; FetchPartition ReplicaDirectoryId, tag 0 from v17) is
+    accepted for the versions below, and the frame really carries it: the encoder
+    refused it ("has the tag of a field of this struct"), so every such frame went out
+    unchanged, counted both applied and errors."""
+    frame = request_frame(codec, FETCH, 12, {
+        "Topics": [{"Topic": "t", "Partitions": [{"Partition": 0}]}]})
+    rs = rules(codec, "inject Fetch@12-14:request:top:tag=1:hex=07",
+               "inject Fetch@12-16:request:Topics[].Partitions[]:tag=0:hex=08")
+    flow = flow_for(codec, FETCH, 12)
+    new = rs.mutate_request(flow, frame)
+    assert new is not None, flow.notes
+    assert [(r.stats.applied, r.stats.errors) for r in rs.rules] == [(1, 0), (1, 0)]
+    # the top-level tag section is last: the old (empty) one, now holding tag 1
+    assert frame.endswith(b"\x00")
+    assert new.endswith(b"\x01" + uv(1) + uv(1) + b"\x07")
+    assert len(new) == len(frame) + 3 + 3
+    # kinspect's reader, like Kafka's, refuses such a frame: that is what is tested
+    with pytest.raises(DecodeError, match="not valid for version 12"):
+        codec.decode_request(new)
+
+
+def test_inject_into_an_absent_tagged_struct_is_no_target(codec):
+    """A path through a tagged struct field (Fetch response CurrentLeader, tag 1) that
+    the frame does not carry has no target: injecting into the default struct wrote
+    the whole CurrentLeader field into the frame as well. Where the frame carries it,
+    the tag lands in its tag section and the enclosing tagged field's size grows."""
+    place = "Responses[].Partitions[].CurrentLeader"
+    absent = response_frame(codec, FETCH, 12, {"Responses": [{"Topic": "t", "Partitions": [
+        {"PartitionIndex": 0, "Records": None}]}]})
+    rs = rules(codec, f"inject Fetch:response:{place}:tag=99:hex=cafe")
+    assert rs.mutate_response(flow_for(codec, FETCH, 12), absent) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.applied, s.no_target) == (1, 0, 1)
+
+    present = response_frame(codec, FETCH, 12, {"Responses": [{"Topic": "t", "Partitions": [
+        {"PartitionIndex": 0, "Records": None, "CurrentLeader": {"LeaderId": 3,
+                                                                "LeaderEpoch": 4}}]}]})
+    new = rs.mutate_response(flow_for(codec, FETCH, 12), present)
+    assert rs.rules[0].stats.applied == 1
+    # the partition's tag section (before the empty top-level one): CurrentLeader
+    # (tag 1) holding LeaderId, LeaderEpoch and now a one-tag section
+    leader = (b"\x00\x00\x00\x03" + b"\x00\x00\x00\x04")
+    assert present.endswith(b"\x01" + uv(1) + uv(9) + leader + b"\x00" + b"\x00" + b"\x00")
+    assert new == present[:-14] + (b"\x01" + uv(1) + uv(13) + leader + b"\x01" + uv(99)
+                                   + uv(2) + b"\xca\xfe" + b"\x00" + b"\x00")
+
+
+def test_a_frame_that_fails_to_re_encode_is_not_counted_as_applied(codec):
+    """A frame the rules changed but the codec could not re-encode goes on unchanged:
+    it counts under errors, not applied, and its notes name the error only."""
+    class Refusing(Codec):
+        def encode_response(self, resp):
+            raise EncodeError("refused for the test")
+
+    refusing = Refusing(codec.registry)
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    flow = flow_for(codec, METADATA, 12)
+    rs = RuleSet([parse_flag("inject", "Metadata:response:top:tag=9")], refusing)
+    assert rs.mutate_response(flow, frame) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.applied, s.errors) == (1, 0, 1)
+    assert len(flow.notes) == 1 and "refused for the test" in flow.notes[0]
+
+
+def test_rules_table_names_each_rule_on_an_80_column_console(codec):
+    """At exit the proxy prints the table on stderr, often 80 columns or a file: the
+    rule column was cut to "inject Fetch:re…" and the counters' titles to "non-fle…"."""
+    from rich.console import Console
+
+    flags = ("inject Fetch:response:Responses[].Partitions[]:tag=11:hex=ff",
+             "strip Metadata@9-12:response:top:tags=1,2,3",
+             "inject *:response:header:tag=2147483647:size=1MiB")
+    rs = rules(codec, *flags)
+    console = Console(record=True, width=80)
+    console.print(rs.table())
+    text = console.export_text()
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 80
+    cells = "".join(line.split("│")[2].strip() for line in text.splitlines()
+                    if line.count("│") > 2)
+    for r in rs.rules:
+        assert r.describe().replace(" ", "") in cells.replace(" ", "")
+    for title in ("matched", "applied", "non-", "flexible", "target", "errors"):
+        assert title in text

@@ -886,14 +886,17 @@ class _Unit:
         self.ns["_k0"] = _tag_key
         self.ns["_unk"] = _unknown_items
         tagged = sorted((f for f in st.fields if f.tagged_in(v)), key=lambda x: x.tag)
-        # tags of fields (tagged at this version or another): not for unknown tags
+        # tags of fields (tagged at this version or another): not for unknown tags,
+        # except a ForeignTag of a field that is not tagged at this version
         reserved = frozenset(f.tag for f in st.fields if f.is_tagged)
+        now = frozenset(f.tag for f in tagged)
         u = self.tmp("u")
         if not tagged:
             self.emit(ind, f"{u} = {o}._unknown")
             self.emit(ind, f"if {u}:")
             if reserved:
-                self.emit(ind + 1, f"_wtags(out, _unk({u}, {self._c(reserved)}))")
+                self.emit(ind + 1, f"_wtags(out, _unk({u}, {self._c(reserved)}, "
+                                   f"{self._c(now)}))")
             else:
                 self.emit(ind + 1, f"_wtags(out, sorted({u}.items()))")
             self.emit(ind, "else:")
@@ -916,7 +919,7 @@ class _Unit:
                 self.emit(ind + 1, "T.pop()")
         self.emit(ind, f"{u} = {o}._unknown")
         self.emit(ind, f"if {u}:")
-        self.emit(ind + 1, f"{tg}.extend(_unk({u}, {self._c(reserved)}))")
+        self.emit(ind + 1, f"{tg}.extend(_unk({u}, {self._c(reserved)}, {self._c(now)}))")
         self.emit(ind + 1, f"{tg}.sort(key=_k0)")
         self.emit(ind, f"if {tg}:")
         self.emit(ind + 1, f"_wtags(out, {tg})")
@@ -1135,17 +1138,31 @@ def _tag_key(item: tuple[int, Any]) -> int:
     return item[0]
 
 
-def _unknown_items(u: dict[int, bytes], reserved: frozenset[int]) -> list[tuple[int, bytes]]:
+class ForeignTag(int):
+    """An unknown tag number meant to be written although a field of its struct has
+    that tag at another version (``taggedVersions``): the tag a later version
+    defines, sent to a version without it to see whether a peer skips it as KIP-482
+    says or reads it by number (kinspect's and Kafka's generated readers refuse it:
+    "tag N is not valid for version V"). Used by the tagged-field rules and
+    ``kinspect tolerate``; the tag of a field tagged at the version written stays an
+    :class:`~kinspect.codec.errors.EncodeError`."""
+
+    __slots__ = ()
+
+
+def _unknown_items(u: dict[int, bytes], reserved: frozenset[int],
+                   now: frozenset[int] = frozenset()) -> list[tuple[int, bytes]]:
     """The unknown tagged fields ``u`` of a struct, in tag order, none of them with
     the tag of one of its fields (``reserved``): a reader takes such a tag for the
     field (or, at a version where the field is not tagged, refuses it), so it
-    could not come back as the unknown tag it was.
+    could not come back as the unknown tag it was. A :class:`ForeignTag` of a field
+    not tagged at this version (not in ``now``) is written all the same.
 
     Raises:
         EncodeError: a tag of ``reserved``.
     """
     for tag in u:
-        if tag in reserved:
+        if tag in reserved and (tag in now or type(tag) is not ForeignTag):
             raise EncodeError(f"unknown tagged field {tag} has the tag of a field of this "
                               f"struct (set the field instead)")
     return sorted(u.items(), key=_tag_key)

@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any
 
 from ..codec import Codec, DecodeError, EncodeError, KinspectError, Struct, Versions
-from ..codec.compiler import write_uvarint
+from ..codec.compiler import ForeignTag, write_uvarint
 from ..codec.spec import FieldSpec, MessageSpec, StructSpec, uuid_from_text
-from ..codec.values import copy_value, struct_class
+from ..codec.values import copy_value, struct_class, tag_written
 from ..codec.versions import ALL, NONE
 from ..units import parse_size as _parse_size
 
@@ -330,9 +330,13 @@ def known_tags(st: StructSpec, version: int) -> dict[int, FieldSpec]:
     return {f.tag: f for f in st.fields if f.tagged_in(version)}
 
 
-def iter_targets(root: Struct | None, steps: tuple[Step, ...]) -> Iterator[Struct]:
+def iter_targets(root: Struct | None, steps: tuple[Step, ...],
+                 version: int | None = None) -> Iterator[Struct]:
     """The structs a path selects in a decoded value (none when an array is empty
-    or null, an index is out of range, or a nullable struct is null)."""
+    or null, an index is out of range, or a nullable struct is null). With
+    ``version``, a tagged field (KIP-482) that the encoder would not write at that
+    version (absent on the wire: its default, its tag not seen) is absent too: a
+    change inside it would add the whole field to the frame."""
     if root is None:
         return
     if not steps:
@@ -342,15 +346,20 @@ def iter_targets(root: Struct | None, steps: tuple[Step, ...]) -> Iterator[Struc
     v = getattr(root, step.name, None)
     if v is None:
         return
+    if version is not None:
+        f = _field(root._spec, step.name)
+        if f is not None and f.tagged_in(version) and \
+                not tag_written(f, v, getattr(root, "_present", None)):
+            return
     if step.index is None:
-        yield from iter_targets(v, rest)
+        yield from iter_targets(v, rest, version)
     elif step.index == "*":
         for x in v:
-            yield from iter_targets(x, rest)
+            yield from iter_targets(x, rest, version)
     else:
         i = step.index
         if -len(v) <= i < len(v):
-            yield from iter_targets(v[i], rest)
+            yield from iter_targets(v[i], rest, version)
 
 
 def _discard_present(obj: Struct, tag: int) -> None:
@@ -450,23 +459,27 @@ class Rule:
         return f"set {head}:{self.set_field}={self.set_value!r}"
 
     # -- application (sans-io) --------------------------------------------------
-    def targets(self, msg: Any) -> Iterator[Struct]:
+    def targets(self, msg: Any, version: int | None = None) -> Iterator[Struct]:
+        """The structs of a decoded Request/Response at the rule's place (see
+        :func:`iter_targets`; ``version``: tagged struct fields absent on the wire
+        are no target)."""
         if self.kind == "header":
             if msg.header is not None:
                 yield msg.header
             return
-        yield from iter_targets(msg.body, self.steps)
+        yield from iter_targets(msg.body, self.steps, version)
 
     def apply(self, msg: Any, version: int, spec_struct: StructSpec | None) -> bool:
         """Apply to a decoded Request/Response at ``version``; ``spec_struct`` is the
         spec of the target structs. Returns whether anything changed."""
         changed = False
         known = known_tags(spec_struct, version) if spec_struct is not None else {}
-        for obj in self.targets(msg):
+        for obj in self.targets(msg, version):
             if self.action == "inject":
                 if self.tag in known:
                     continue  # rejected at start-up when avoidable; never overwrite
-                obj.unknown_tags[self.tag] = self.payload
+                # (a tag a field has at another version is written all the same)
+                obj.unknown_tags[ForeignTag(self.tag)] = self.payload
                 changed = True
             elif self.action == "strip":
                 changed |= self._strip(obj, known)
@@ -1008,6 +1021,7 @@ class RuleSet:
 
     def _finish(self, flow: Any, msg: Any, direction: str, rules: tuple) -> bytes | None:
         notes = flow.notes if flow is not None else None
+        changed: list[Rule] = []
         try:
             changed = self.apply(msg, direction, notes)
             if not changed:
@@ -1016,12 +1030,23 @@ class RuleSet:
                 return self.codec.encode_request(msg)
             return self.codec.encode_response(msg)
         except KinspectError as e:
+            self._undo_applied(changed, notes)
             self._note_error(flow, rules, f"re-encode the {direction}", e)
             return None
         except Exception as e:
+            self._undo_applied(changed, notes)
             log.exception("rules: unexpected error")
             self._note_error(flow, rules, f"apply rules to the {direction}", e)
             return None
+
+    @staticmethod
+    def _undo_applied(changed: list[Rule], notes: list[str] | None) -> None:
+        # the frame goes on unchanged: the rules that changed the decoded copy did
+        # not apply to it (it is counted under errors instead)
+        for r in changed:
+            r.stats.applied -= 1
+        if notes is not None and changed:
+            del notes[len(notes) - len(changed):]
 
     def install(self, proxy: Any) -> None:
         """Set ``proxy.request_mutator`` / ``response_mutator`` only when there are rules
@@ -1042,10 +1067,14 @@ class RuleSet:
         from rich.table import Table
 
         t = Table(title=title)
-        for col, just in (("#", "left"), ("rule", "left"), ("matched", "right"),
-                          ("applied", "right"), ("non-flexible", "right"),
-                          ("no target", "right"), ("errors", "right")):
-            t.add_column(col, justify=just)
+        # on a narrow console (80 columns, or stderr to a file or pipe) the rule text
+        # folds onto more lines and counters and titles stay whole (rich cut them all
+        # to "inject Fetch:re…", which named no rule)
+        t.add_column("#", overflow="fold")
+        t.add_column("rule", overflow="fold", min_width=16)
+        for col in ("matched", "applied", "non-\nflexible", "no\ntarget", "errors"):
+            t.add_column(col, justify="right", no_wrap=True,
+                         min_width=max(map(len, col.split("\n"))))
         for r in self.rules:
             s = r.stats
             t.add_row(r.name or r.label, r.describe(), str(s.matched), str(s.applied),
