@@ -399,13 +399,27 @@ def test_a_dumb_terminal_gets_the_line_printer(monkeypatch, term, view):
     assert type(got).__name__ == view
 
 
+def _children_of(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc)."""
+    from pathlib import Path
+
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
 def test_demo_stops_its_broker_when_its_terminal_hangs_up():
     """SIGHUP (the terminal window closed) stops ``kinspect demo`` as Ctrl-C does: by
     default it killed the demo at once, and the broker, in a process session of its
     own, went on running."""
     import os
     import signal
-    from pathlib import Path
 
     proc = subprocess.Popen([sys.executable, "-m", "kinspect", "demo", "--no-tui",
                              "--interval", "0.2"], stdout=subprocess.DEVNULL,
@@ -420,13 +434,7 @@ def test_demo_stops_its_broker_when_its_terminal_hangs_up():
                 break
         m = re.search(r"forwarding to ([\d.]+):(\d+)", "".join(err))
         assert m, "".join(err)
-        for stat in Path("/proc").glob("[0-9]*/stat"):  # the demo's broker process
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == proc.pid:
-                brokers.append(int(stat.parent.name))
+        brokers += _children_of(proc.pid)  # the demo's broker process
         assert brokers
         proc.send_signal(signal.SIGHUP)
         err.append(proc.communicate(timeout=60)[1])
@@ -466,13 +474,7 @@ def test_demo_stops_at_a_second_ctrl_c_while_its_workload_hangs(tmp_path):
             assert proc.poll() is None and time.monotonic() < deadline, \
                 f"the demo printed no Produce flow:\n{out.read_text()}"
             time.sleep(0.05)
-        for stat in Path("/proc").glob("[0-9]*/stat"):  # the demo's broker process
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == proc.pid:
-                brokers.append(int(stat.parent.name))
+        brokers += _children_of(proc.pid)  # the demo's broker process
         assert brokers
         for pid in brokers:
             os.kill(pid, signal.SIGSTOP)

@@ -242,6 +242,18 @@ async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") ->
         await asyncio.sleep(0.02)
 
 
+def run_on(loop: str, main) -> object:
+    """``main()`` run to completion on a new event loop, ``"asyncio"`` or
+    ``"uvloop"`` (the loop the proxy's command runs on), closed afterwards."""
+    import uvloop
+
+    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
+    try:
+        return ev_loop.run_until_complete(main())
+    finally:
+        ev_loop.close()
+
+
 class ProxyProcess:
     """``kinspect proxy --no-tui`` in a subprocess (for RSS and signal tests)."""
 
@@ -368,7 +380,6 @@ def test_listeners_keep_their_backlog_for_a_burst_of_connections(tansu, loop):
     socket's backlog, and wait for SYN retransmissions beyond it. The event loops'
     create_server listens anew with a backlog of 100 unless told: the proxy's
     listeners keep BACKLOG (capped by net.core.somaxconn), on both event loops."""
-    import uvloop
 
     from kinspect.proxy.server import BACKLOG
 
@@ -378,11 +389,7 @@ def test_listeners_keep_their_backlog_for_a_burst_of_connections(tansu, loop):
         async with running_proxy(tansu.bootstrap) as (proxy, _rec):
             return _listen_backlog(proxy.address[1])
 
-    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
-    try:
-        backlog = ev_loop.run_until_complete(main())
-    finally:
-        ev_loop.close()
+    backlog = run_on(loop, main)
     assert backlog == min(BACKLOG, somaxconn) > 100
 
 
@@ -667,7 +674,6 @@ def test_large_frames_both_ways_on_both_event_loops(tansu, unique, loop, monkeyp
     (``CutThrough``), through each event loop's ``BufferedProtocol`` path. The
     broker stores exactly the records sent, the Fetch response the client gets is
     the broker's, byte for byte, and the flows hold both frames as bytes."""
-    import uvloop
 
     from kinspect.proxy import server
 
@@ -694,11 +700,7 @@ def test_large_frames_both_ways_on_both_event_loops(tansu, unique, loop, monkeyp
             await proxy.pipeline.drained()
         return resp, fetched, rec.flows
 
-    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
-    try:
-        resp, fetched, flows = ev_loop.run_until_complete(main())
-    finally:
-        ev_loop.close()
+    resp, fetched, flows = run_on(loop, main)
     c = codec()
     assert c.decode_response(resp, 0, 9).body.Responses[0].PartitionResponses[0].ErrorCode == 0
     by_corr = {f.correlation_id: f for f in flows}
@@ -811,7 +813,6 @@ def test_a_large_frame_read_while_flow_control_pauses_its_side(tansu, unique, lo
     into the frame's buffer while it is paused. When the client reads, reading
     resumes, into that buffer, and the client gets the response whole: on asyncio's
     event loop and on uvloop's."""
-    import uvloop
 
     from kinspect.proxy import server
 
@@ -856,11 +857,9 @@ def test_a_large_frame_read_while_flow_control_pauses_its_side(tansu, unique, lo
             return got, rec.flows
 
     server._UpstreamSide.data_received = watched
-    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
     try:
-        got, flows = ev_loop.run_until_complete(main())
+        got, flows = run_on(loop, main)
     finally:
-        ev_loop.close()
         server._UpstreamSide.data_received = real
     assert switches[0] == (True, True), f"did not switch while paused: {switches}"
     assert len(got) > 3 * MiB and corr_of(got) == 7
@@ -1024,7 +1023,6 @@ def test_a_client_that_half_closes_still_gets_its_answers(tansu, loop):
     stream, and through the proxy the client gets those answers too, then a clean
     end of stream, as without the proxy; the connection is then gone from the
     proxy, its flows answered, none flagged closed."""
-    import uvloop
 
     reqs = [api_versions(1), metadata(2), api_versions(3), metadata(4)]
     host, port = tansu.bootstrap.rsplit(":", 1)
@@ -1041,11 +1039,7 @@ def test_a_client_that_half_closes_still_gets_its_answers(tansu, loop):
             await proxy.pipeline.drained()
             return got, rec.flows, proxy.stats.connections_open
 
-    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
-    try:
-        (got, clean), flows, still_open = ev_loop.run_until_complete(main())
-    finally:
-        ev_loop.close()
+    (got, clean), flows, still_open = run_on(loop, main)
     assert clean, "the stream did not end cleanly"
     assert [corr_of(r) for r in got] == [1, 2, 3, 4]
     assert got[0] == direct[0] and got[2] == direct[2]  # ApiVersions: byte for byte
@@ -1508,7 +1502,6 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
     ``upstream_data``. Both ways forward the same bytes, count them the same (stats,
     ``CutThrough.consumed``) and give the pipeline the same flows; on asyncio's
     event loop and on uvloop's."""
-    import uvloop
 
     from kinspect.proxy import server
 
@@ -1572,11 +1565,7 @@ def test_whole_frame_reads_take_the_short_path_and_pair_like_the_others(
             await proxy.pipeline.drained()
             return proxy.stats, rec.flows
 
-    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
-    try:
-        stats, flows = ev_loop.run_until_complete(main())
-    finally:
-        ev_loop.close()
+    stats, flows = run_on(loop, main)
     assert seen["single"]["client_data"] == 0, "a whole single request took the long way"
     # (a broker may write a response in pieces now and then, but not half of them)
     assert seen["single"]["upstream_data"] <= 9, "single responses took the long way"
@@ -1616,7 +1605,6 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     acks=0 Produce goes through a third one before that (rewriting no address),
     which makes it acks=1 so that the second one pairs and changes its answer. Without the C extension every
     answer takes the generic step."""
-    import uvloop
 
     from kinspect.codec.protocol import scan_tags
     from kinspect.codec.values import struct_class
@@ -1693,11 +1681,7 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
                 listener = proxy.listeners.get((host, int(port)))
                 return got, rec.flows, listener, proxy.advertised_host(), proxy.stats
 
-    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
-    try:
-        got, flows, listener, advertised, stats = ev_loop.run_until_complete(main())
-    finally:
-        ev_loop.close()
+    got, flows, listener, advertised, stats = run_on(loop, main)
     strays = sorted((f for f in flows if f.correlation_id == stray),
                     key=lambda f: f.response is not None)
     assert [f.flags for f in strays] == [{NO_RESPONSE}, {UNPAIRED}], strays
@@ -2370,13 +2354,8 @@ def test_a_connection_made_while_forwarding_is_paused_stays_paused_both_ways(tan
         finally:
             await proxy.close()
 
-    import uvloop
 
-    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
-    try:
-        ev_loop.run_until_complete(main())
-    finally:
-        ev_loop.close()
+    run_on(loop, main)
 
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
@@ -2388,7 +2367,6 @@ def test_a_client_is_not_read_while_its_broker_connection_is_being_made(loop):
     client after its first read instead of collecting all the client sends; once
     the broker connection is up, reading resumes and the broker gets the client's
     bytes, in order, on both event loops."""
-    import uvloop
 
     from kinspect.proxy.server import Proxy, ProxyConfig
 
@@ -2431,11 +2409,9 @@ def test_a_client_is_not_read_while_its_broker_connection_is_being_made(loop):
         finally:
             await proxy.close()
 
-    ev_loop = uvloop.new_event_loop() if loop == "uvloop" else asyncio.new_event_loop()
     try:
-        ev_loop.run_until_complete(main())
+        run_on(loop, main)
     finally:
-        ev_loop.close()
         filler.close()
         squat.close()
 
