@@ -276,13 +276,16 @@ def run_demo(args: argparse.Namespace) -> int:
             await stop.wait()
             stop_workload.set()
             result = None
-            if not worker.done():  # a client call under way (a group join takes seconds)
+            forced = asyncio.ensure_future(now.wait())
+            # a client call under way (a group join takes seconds): said after a second
+            await asyncio.wait({worker, forced}, timeout=1.0,
+                               return_when=asyncio.FIRST_COMPLETED)
+            if not worker.done() and not now.is_set():
                 print("kinspect demo: stopping once the workload's current step ends "
                       "(Ctrl-C again to stop now)…", file=sys.stderr, flush=True)
-                forced = asyncio.ensure_future(now.wait())
                 await asyncio.wait({worker, forced}, timeout=_WORKLOAD_STOP_TIMEOUT,
                                    return_when=asyncio.FIRST_COMPLETED)
-                forced.cancel()
+            forced.cancel()
             if not worker.done():
                 # its thread is a daemon: it neither holds up the exit nor outlives it
                 print("kinspect demo: workload abandoned in the middle of a step",
