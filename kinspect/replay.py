@@ -784,7 +784,9 @@ class Replayer:
         ignore: volatile-field patterns (:class:`IgnoreRules`); default
             :data:`DEFAULT_IGNORE`.
         select: predicate picking the flows to replay (others are skipped).
-        timeout: seconds to wait for each response.
+        timeout: seconds to wait for each response; a request that gets none in
+            time fails, and its connection is closed (the flows still to come on it
+            fail without being sent: a broker answers in order, so none could be).
         connect_timeout: seconds to reach the broker.
         progress: called with each finished :class:`FlowResult`.
         send_redacted: also replay flows whose request had secrets redacted in the
@@ -1017,6 +1019,13 @@ class Replayer:
         except asyncio.TimeoutError:
             conn.pending.pop(res.correlation_id, None)
             self._finish(res, FAILED, error=f"no response within {self.timeout:g} s")
+            # a broker answers a connection's requests in order (protocol guide), so
+            # nothing later on it can come first: close it, as a client's request
+            # timeout does, rather than wait out the timeout once per later request
+            self._kill(conn, f"connection closed after flow #{f.id} got no response within "
+                             f"{self.timeout:g} s")
+            if conn.writer is not None:
+                conn.writer.close()
             return
         except ConnectionError as e:
             self._finish(res, FAILED, error=str(e))

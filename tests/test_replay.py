@@ -464,3 +464,33 @@ def test_redacted_request_values_are_not_sent_unless_asked(tmp_path, free_port):
     assert by_id[1].status == "skipped" and "--send-redacted" in by_id[1].explanation
     assert by_id[2].status == "failed"  # sent (nothing listens there), not skipped
     assert run(send_redacted=True)[1].status == "failed"
+
+
+def test_a_broker_that_stops_answering_costs_one_timeout_per_connection(recorded, tansu):
+    """A request timeout closes its connection, like a client's: the flows still to
+    come on it fail at once, they do not each wait out the timeout in turn
+    (the broker is real and stopped, SIGSTOP: it accepts connections, never answers)."""
+    import os
+    import signal
+
+    path, _ = recorded
+    flows = load_flows(path, codec())
+    os.kill(tansu.pid, signal.SIGSTOP)
+    try:
+        report = asyncio.run(Replayer(codec(), flows, (tansu.host, tansu.port), speed=None,
+                                      timeout=1, connect_timeout=10).run())
+    finally:
+        os.kill(tansu.pid, signal.SIGCONT)
+    assert report.counts()["failed"] == len(report.results)
+    by_conn: dict[int, list] = {}
+    for r in report.results:
+        by_conn.setdefault(r.flow.conn, []).append(r)
+    for conn, results in by_conn.items():
+        first, *rest = sorted(results, key=lambda r: r.flow.request_ns)
+        # each connection opens with a request answered before the next was sent
+        assert first.error == "no response within 1 s", (conn, first.error)
+        assert rest, conn
+        for r in rest:
+            assert r.error == (f"connection closed after flow #{first.flow.id} got no "
+                               f"response within 1 s"), (conn, r.flow.id, r.error)
+            assert r.correlation_id is None, (conn, r.flow.id)  # never sent

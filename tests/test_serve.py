@@ -267,3 +267,14 @@ async def test_any_free_port_on_every_address_is_one_port(recorded):
         for addr in ("127.0.0.1", "::1"):
             (resp,) = await exchange(addr, port, [rec.request])
             assert codec().decode_response(resp, 18, rec.api_version).body.ErrorCode == 0
+
+
+def test_serve_refuses_stdin_as_a_capture_like_replay(capsys):
+    """``-`` is no file: refused with the reason at argument parsing (exit 2), as
+    ``kinspect replay`` and ``show`` do, not reported as a missing file named "-"."""
+    from kinspect import cli
+
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["serve", "-", "--listen", "127.0.0.1:0"])
+    assert exc.value.code == 2
+    assert "not from stdin" in capsys.readouterr().err

@@ -21,13 +21,13 @@ import argparse
 import asyncio
 import signal
 
-from . import add_spec_options, hostport, make_codec, plain_help
+from . import add_spec_options, capture_path, hostport, make_codec, plain_help
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="act as a broker answering from a capture file",
                        description=plain_help(__doc__), formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("capture", metavar="CAPTURE", help="capture file (.jsonl or .jsonl.gz)")
+    p.add_argument("capture", metavar="CAPTURE", type=capture_path, help="capture file (.jsonl or .jsonl.gz)")
     p.add_argument("--listen", default=("127.0.0.1", 9092), metavar="HOST:PORT", type=hostport,
                    help="address to listen on (default 127.0.0.1:9092; port 0 = any free port)")
     p.add_argument("--advertise-host", metavar="HOST",
