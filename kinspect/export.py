@@ -12,7 +12,9 @@ when an address is IPv6) / TCP with correct checksums; segments carry at most
 
 Every kinspect connection is one TCP stream: a connection whose address and port
 pair an earlier one of the export already used (a client port reused, captures
-appended to each other) gets the next free client port. A connection's packets
+appended to each other) gets a free client port; one whose client address has no
+free port left (more than 65535 connections from it to one broker) gets a stand-in
+client address, named ``HOST#2``, ``HOST#3``... A connection's packets
 keep the capture's order even where its timestamps do not (``ts_ns`` null or going
 back): such a frame takes the time of the connection's previous one.
 
@@ -32,6 +34,7 @@ naming the flow and its flags (the flow's: ``rewritten`` is the response's,
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import os
 import struct
 import warnings
@@ -84,6 +87,9 @@ def _checksum(data: bytes) -> int:
 
 
 def _split_hostport(text: str | None) -> tuple[str, int]:
+    """``(host, port)`` of a capture's ``"host:port"`` (``"[v6]:port"``); port 0 (not
+    known: the export picks one) when it is missing, not a number or not a TCP port
+    (0-65535), the whole text the host when it does not split."""
     text = (text or "").strip()
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
@@ -91,9 +97,10 @@ def _split_hostport(text: str | None) -> tuple[str, int]:
     else:
         host, _, port = text.rpartition(":")
     try:
-        return host, int(port)
+        number = int(port)
     except ValueError:
         return text, 0
+    return host, number if 0 <= number <= 65535 else 0
 
 
 class _Addresses:
@@ -162,6 +169,22 @@ class _Tcp:
             last = i + mss >= len(payload)
             out.append(self.packet(side, _ACK | (_PSH if last else 0), chunk))
         return out
+
+
+def _free_port(used: set[int], cursor: dict[tuple, int], pair: tuple, port: int) -> int | None:
+    """``port`` when ``used`` (the client ports taken between one client address and a
+    broker ``pair``) lacks it, else the next free port (1-65535) from where the last
+    search for ``pair`` stopped (``cursor``, updated), so that n connections cost
+    O(n + 65535), not O(n²); ``None`` when all 65535 are taken."""
+    if port not in used:
+        return port
+    if len(used) >= 65535:
+        return None
+    port = cursor.get(pair, port)
+    while port in used:
+        port = port % 65535 + 1
+    cursor[pair] = port % 65535 + 1
+    return port
 
 
 def _comment(flow: Any, direction: str) -> str | None:
@@ -245,7 +268,8 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
     stats = ExportStats()
     conns: dict[int, _Tcp] = {}
     last_ts: dict[int, int] = {}     # conn -> timestamp of its latest packet
-    tuples: set[tuple] = set()       # (client addr, client port, broker addr, broker port)
+    used: dict[tuple, set[int]] = {}  # (client addr, broker addr, broker port) -> client ports
+    cursor: dict[tuple, int] = {}     # where the last search for a free client port stopped
     events: list[tuple[int, bytes]] = []
     prev_ts = 0
     for i, (ref, data) in enumerate(selected):
@@ -262,14 +286,22 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
             ch, cp = _split_hostport(info.get("client") or flow.client)
             bh, bp = _split_hostport(info.get("upstream") or flow.upstream)
             # a capture of another tool may name neither end: two distinct hosts still
-            tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch or "kinspect-client"), cp),
-                                    (addrs.resolve(bh or "kinspect-broker"), bp))
+            ch, broker = ch or "kinspect-client", (addrs.resolve(bh or "kinspect-broker"), bp)
+            tcp = conns[cid] = _Tcp(cid, (addrs.resolve(ch), cp), broker)
             # one TCP stream per kinspect connection: a 4-tuple an earlier connection
             # of the export used (a client port reused, captures appended to each
-            # other) gets the next free client port, else Wireshark merges the two
-            while (tcp.addr["c"], tcp.port["c"], tcp.addr["b"], tcp.port["b"]) in tuples:
-                tcp.port["c"] = tcp.port["c"] % 65535 + 1
-            tuples.add((tcp.addr["c"], tcp.port["c"], tcp.addr["b"], tcp.port["b"]))
+            # other) gets a free client port, else Wireshark merges the two; when
+            # every port of the client address is used, a stand-in address
+            for n in itertools.count(2):
+                pair = (tcp.addr["c"], tcp.addr["b"], tcp.port["b"])
+                if pair not in used:  # a client on the broker's host never has its port
+                    used[pair] = {tcp.port["b"]} if tcp.addr["c"] == tcp.addr["b"] else set()
+                port = _free_port(used[pair], cursor, pair, tcp.port["c"])
+                if port is not None:
+                    break
+                tcp = conns[cid] = _Tcp(cid, (addrs.resolve(f"{ch}#{n}"), cp), broker)
+            tcp.port["c"] = port
+            used[pair].add(port)
             stats.connections += 1
             stats.ports.add(tcp.port["b"])
             t0 = min(info.get("open_ns") or ts, ts)

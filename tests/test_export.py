@@ -19,7 +19,7 @@ import pytest
 from kinspect import cli
 from kinspect.capture import flows_from_records, load_capture, read_capture
 from kinspect.codec import Codec
-from kinspect.export import _checksum, export_pcapng
+from kinspect.export import _checksum, _free_port, export_pcapng
 from kinspect.filters import parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -361,3 +361,50 @@ def test_a_capture_naming_no_addresses_gets_two_distinct_hosts(tmp_path):
                             "-e", "ip.dst_host", "-c", "1"], capture_output=True, text=True,
                            check=True)
     assert names.stdout.split() == ["kinspect-client", "kinspect-broker"]
+
+
+def test_a_reused_client_port_never_takes_the_brokers_port(tmp_path):
+    # the client port 9091 reused on the broker's host: the next free port is not
+    # 9092, the broker's (a packet from 127.0.0.1:9092 to itself is no TCP stream)
+    recs = [{"type": "session", "start_ns": T0, "part": 0}]
+    for c in (1, 2):
+        t = T0 + c * 1_000_000
+        recs += [_frame(c, "req", _api_versions_req(c), t + 10, flow=c, client="127.0.0.1:9091"),
+                 _frame(c, "resp", _api_versions_resp(c), t + 20, flow=c,
+                        client="127.0.0.1:9091")]
+    out = tmp_path / "broker-port.pcapng"
+    export_pcapng(flows_from_records(recs, CODEC, decode=False), out)
+    assert tcp_analysis(out) == []
+    rows = tshark(out, 9092, "tcp.stream", "tcp.srcport", "kafka.correlation_id",
+                  display="kafka && tcp.dstport==9092")
+    assert [r[2] for r in rows] == ["1", "2"]
+    assert rows[0][1] == "9091" and rows[1][1] not in ("9091", "9092")
+    assert rows[0][0] != rows[1][0]
+
+
+def test_free_client_ports_wrap_and_run_out():
+    pair = ("client", "broker", 9092)
+    cursor: dict = {}
+    assert _free_port({9}, cursor, pair, 7) == 7  # not taken: kept
+    used = {7, 8, 10}
+    assert _free_port(used, cursor, pair, 7) == 9
+    used.add(9)
+    # the search goes on from where it stopped, not from the port again
+    assert _free_port(used, cursor, pair, 7) == 11
+    full = set(range(1, 65536)) - {3}
+    assert _free_port(full, {}, pair, 65535) == 3  # wraps past 65535 to 1
+    full.add(3)
+    assert _free_port(full, {}, pair, 65535) is None
+
+
+@pytest.mark.parametrize("client", ["127.0.0.1:70000", "127.0.0.1:-5"])
+def test_a_port_out_of_range_gets_one_in_range(tmp_path, client):
+    recs = [{"type": "session", "start_ns": T0, "part": 0},
+            _frame(1, "req", _api_versions_req(4), T0 + 10, flow=4, client=client),
+            _frame(1, "resp", _api_versions_resp(4), T0 + 20, flow=4, client=client)]
+    out = tmp_path / "port.pcapng"
+    export_pcapng(flows_from_records(recs, CODEC, decode=False), out)
+    rows = tshark(out, 9092, "ip.src", "tcp.srcport", "kafka.correlation_id",
+                  display="kafka && tcp.dstport==9092")
+    assert rows[0][0] == "127.0.0.1" and 1 <= int(rows[0][1]) <= 65535 and rows[0][2] == "4"
+    assert tcp_analysis(out) == []

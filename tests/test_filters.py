@@ -7,6 +7,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from kinspect.capture import load_capture
 from kinspect.codec import Codec, KinspectError
@@ -16,6 +18,7 @@ from kinspect.flows import MUTATED, UNDECODED, Flow
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "captures" / "example.jsonl"
 CODEC = Codec()
+API_NAMES = [n for n in map(CODEC.api_name, range(100)) if not n.startswith("ApiKey(")]
 
 
 @pytest.fixture(scope="module")
@@ -393,3 +396,20 @@ def test_bad_expressions_name_the_position(expr, position, fragment):
     assert fragment in e.value.reason
     assert isinstance(e.value, KinspectError)
     assert str(e.value).splitlines()[-1] == "  " + " " * position + "^"
+
+
+_TOKENS = [*"~!&|()\"'\\ -,0123456789az\t", "~api", "~v", "~dir", "~err", "~corr", "~conn",
+           "~topic", "~client", "~flag", "~all", "~sasl", "req|resp", "Produce", "Fech", "[",
+           "*", "(?P<", "é"]
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(*[st.lists(st.sampled_from(_TOKENS), max_size=12).map("".join)] * 3,
+                 st.text(max_size=20)))
+def test_any_text_parses_or_is_a_filter_error_inside_it(text):
+    # fuzz: whatever the text, the parser raises only FilterError, pointing into it
+    for names in (None, API_NAMES):
+        try:
+            parse(text, names)
+        except FilterError as e:
+            assert 0 <= e.position <= len(text)
