@@ -24,12 +24,13 @@ import pytest
 from test_resilience import (
     ProxyProcess,
     Raw,
-    _capture_children,
+    capture_frames,
     create_topic,
+    kill_capture_proxy,
     produce,
     record_batch,
     roundtrip,
-    wait_for,
+    stop_capture_proxy,
 )
 
 from kinspect.capture import CaptureWarning, read_capture
@@ -122,26 +123,16 @@ async def test_the_proxy_forwards_on_past_a_full_capture_disk(tansu, unique, tmp
             received.append(await roundtrip(raw, q, timeout=30))
         raw.close()
         raw = None
-        assert proxy.stop() == 0, proxy.stderr()
-        await wait_for(lambda: not _capture_children(cap), timeout=30,
-                       what="the capture child to finish")
+        await stop_capture_proxy(proxy, cap)
     finally:
         if raw is not None:
             raw.close()
-        for pid in _capture_children(cap):
-            os.kill(pid, 9)
-        if proxy.proc.poll() is None:
-            proxy.stop(9)
+        kill_capture_proxy(proxy, cap)
     err = proxy.stderr()
     assert err.count(os.strerror(errno.EFBIG)) == 1, err
     assert str(cap) in err and "Broken pipe" not in err, err
     assert err.count("the capture ends") <= 2, err  # the child's reason, the proxy's note
-    data = cap.read_bytes()
-    assert data.endswith(b"\n"), "the capture ends in a torn line"
-    records = [json.loads(line) for line in data.splitlines()]
-    frames = [r for r in records if r.get("type") == "frame"]
-    reqs = [base64.b64decode(r["frame"]) for r in frames if r["dir"] == "req"]
-    resps = [base64.b64decode(r["frame"]) for r in frames if r["dir"] == "resp"]
+    reqs, resps = capture_frames(cap)
     assert 0 < len(reqs) < len(sent)
     assert reqs == sent[:len(reqs)]
     assert resps == received[:len(resps)]

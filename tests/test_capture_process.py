@@ -3,8 +3,6 @@ the capture child process, under faults of the child (stopped, killed)."""
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
 import os
 import signal
@@ -14,12 +12,15 @@ from test_resilience import (
     ProxyProcess,
     Raw,
     _capture_children,
+    capture_frames,
     corr_of,
     create_topic,
+    kill_capture_proxy,
     produce,
     record_batch,
     req_corr,
     roundtrip,
+    stop_capture_proxy,
     wait_for,
 )
 
@@ -116,21 +117,11 @@ async def test_a_stop_signal_to_every_process_of_the_proxy_leaves_the_whole_capt
         os.kill(child, signal.SIGTERM)
         os.kill(proxy.proc.pid, signal.SIGTERM)
         os.kill(child, signal.SIGCONT)
-        assert proxy.stop() == 0, proxy.stderr()
-        await wait_for(lambda: not _capture_children(cap), timeout=30,
-                       what="the capture child to finish")
+        await stop_capture_proxy(proxy, cap)
     finally:
         if raw is not None:
             raw.close()
-        for pid in _capture_children(cap):
-            os.kill(pid, signal.SIGKILL)
-        if proxy.proc.poll() is None:
-            proxy.stop(signal.SIGKILL)
-    data = cap.read_bytes()
-    assert data.endswith(b"\n"), "capture ends in a torn line"
-    records = [json.loads(line) for line in data.splitlines()]
-    frames = [r for r in records if r.get("type") == "frame"]
-    reqs = [base64.b64decode(r["frame"]) for r in frames if r["dir"] == "req"]
-    resps = [base64.b64decode(r["frame"]) for r in frames if r["dir"] == "resp"]
+        kill_capture_proxy(proxy, cap)
+    reqs, resps = capture_frames(cap)
     assert reqs == sent
     assert resps == received

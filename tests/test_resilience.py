@@ -1138,6 +1138,33 @@ def _capture_children(cap: Path) -> list[int]:
     return pids
 
 
+async def stop_capture_proxy(proxy: "ProxyProcess", cap: Path) -> None:
+    """Stop the proxy (SIGTERM, exit status 0) and wait for its capture child writing
+    ``cap`` to finish the file."""
+    assert proxy.stop() == 0, proxy.stderr()
+    await wait_for(lambda: not _capture_children(cap), timeout=30,
+                   what="the capture child to finish")
+
+
+def kill_capture_proxy(proxy: "ProxyProcess", cap: Path) -> None:
+    """(A test's cleanup) SIGKILL the capture children writing ``cap`` and the proxy,
+    if still running."""
+    for pid in _capture_children(cap):
+        os.kill(pid, signal.SIGKILL)
+    if proxy.proc.poll() is None:
+        proxy.stop(signal.SIGKILL)
+
+
+def capture_frames(cap: Path) -> tuple[list[bytes], list[bytes]]:
+    """The requests and the responses of the capture file ``cap`` (its frame lines, in
+    file order), once checked that it ends with a whole line."""
+    data = cap.read_bytes()
+    assert data.endswith(b"\n"), "the capture ends in a torn line"
+    frames = [r for r in map(json.loads, data.splitlines()) if r.get("type") == "frame"]
+    return ([base64.b64decode(r["frame"]) for r in frames if r["dir"] == "req"],
+            [base64.b64decode(r["frame"]) for r in frames if r["dir"] == "resp"])
+
+
 async def test_proxy_killed_outright_still_leaves_a_whole_capture(tansu, tmp_path, unique):
     """SIGKILL the proxy under traffic: its capture child process sees the end of its
     input, writes every frame it was handed as whole lines and exits; the captured
