@@ -61,9 +61,10 @@ def _stdout_gone() -> bool:
         return False
 
 
-def _quiet_broken_pipe() -> None:
+def quiet_broken_pipe() -> None:
     """stdout's reader went away (``kinspect show ... | head``): point stdout at
-    /dev/null so the interpreter's final flush does not report the broken pipe."""
+    /dev/null so the interpreter's final flush does not report the broken pipe (also
+    used by the live view's line printer)."""
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         # quietly, with status 1: as the commands that print through rich (whose
         # console does the same), and as Python's own advice for EPIPE
-        _quiet_broken_pipe()
+        quiet_broken_pipe()
         return 1
     except KinspectError as e:
         print(f"kinspect: error: {e}", file=sys.stderr)

@@ -14,7 +14,6 @@ be rendered is logged and left out; the redraws go on.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import threading
 import time
@@ -399,9 +398,6 @@ class LinePrinter:
         log.warning("the reader of the flow lines went away: no more are printed; "
                     "the proxy goes on")
         if self.out is sys.stdout:
-            try:
-                devnull = os.open(os.devnull, os.O_WRONLY)
-                os.dup2(devnull, sys.stdout.fileno())
-                os.close(devnull)
-            except (OSError, ValueError, AttributeError):  # no real stdout
-                pass
+            from .cli import quiet_broken_pipe
+
+            quiet_broken_pipe()
