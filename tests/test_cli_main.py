@@ -452,11 +452,11 @@ def test_demo_stops_its_broker_when_its_terminal_hangs_up():
                 pass
 
 
-def test_demo_stops_at_a_second_ctrl_c_while_its_workload_hangs(tmp_path):
-    """Ctrl-C while the demo's workload waits on a client call (here on a broker
-    frozen with SIGSTOP: the call cannot end) says the demo is stopping; a second
-    Ctrl-C stops it now, without waiting for the workload, and the broker is still
-    stopped (no process left behind)."""
+def test_demo_stops_on_ctrl_c_while_its_broker_is_frozen(tmp_path):
+    """Ctrl-C, twice, while the demo's broker is frozen (SIGSTOP) under its workload:
+    the demo ends (whether the workload's step ended by itself or was abandoned at the
+    second Ctrl-C, see the next test), with status 0 and no traceback, and its
+    broker is stopped (no process left behind)."""
     import os
     import signal
     from pathlib import Path
@@ -480,16 +480,15 @@ def test_demo_stops_at_a_second_ctrl_c_while_its_workload_hangs(tmp_path):
             os.kill(pid, signal.SIGSTOP)
         proc.send_signal(signal.SIGINT)
         err = []
-        for line in proc.stderr:
+        for line in proc.stderr:  # stopping: said at once, or after a second of waiting
             err.append(line)
-            if "Ctrl-C again" in line:
+            if "Ctrl-C again" in line or "produced" in line or "broker stopped" in line:
                 break
-        else:
-            raise AssertionError("".join(err))
-        proc.send_signal(signal.SIGINT)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
         err.append(proc.communicate(timeout=60)[1])
         text = "".join(err)
-        assert "workload abandoned" in text and "broker stopped" in text, text
+        assert "broker stopped" in text, text
         assert proc.returncode == 0 and "Traceback" not in text, text
         for pid in brokers:
             assert not Path(f"/proc/{pid}").exists() or \
@@ -504,3 +503,43 @@ def test_demo_stops_at_a_second_ctrl_c_while_its_workload_hangs(tmp_path):
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+async def test_a_second_ctrl_c_abandons_a_workload_step_that_does_not_end(capsys):
+    """The demo's stop, with a workload step that does not end in time (a future set
+    only after the Ctrl-C again):
+    after the grace period it says it is waiting; Ctrl-C again (``now``) ends the wait
+    at once, long before the timeout, and the workload is abandoned (no result)."""
+    import asyncio
+
+    from kinspect.commands.proxy import _workload_outcome
+
+    loop = asyncio.get_running_loop()
+    worker, now = loop.create_future(), asyncio.Event()
+    loop.call_later(0.05, now.set)
+    late = loop.call_later(5, worker.set_result, "late")  # were Ctrl-C again not heard
+    try:
+        assert await _workload_outcome(worker, now, grace=0.0, timeout=3600) is None
+    finally:
+        late.cancel()
+    err = capsys.readouterr().err
+    assert "Ctrl-C again" in err and "workload abandoned" in err, err
+    assert not worker.done()
+
+
+async def test_a_workload_step_that_ends_gives_its_result_without_a_word(capsys):
+    """A workload that ends within the grace period: its result, nothing said; one
+    that fails: said, no result."""
+    import asyncio
+
+    from kinspect.commands.proxy import _workload_outcome
+
+    loop = asyncio.get_running_loop()
+    worker = loop.create_future()
+    loop.call_soon(worker.set_result, "done")
+    assert await _workload_outcome(worker, asyncio.Event(), grace=3600) == "done"
+    assert capsys.readouterr().err == ""
+    failed = loop.create_future()
+    failed.set_exception(RuntimeError("no broker"))
+    assert await _workload_outcome(failed, asyncio.Event()) is None
+    assert "workload failed: no broker" in capsys.readouterr().err

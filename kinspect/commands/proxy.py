@@ -225,6 +225,33 @@ def _in_daemon_thread(loop: asyncio.AbstractEventLoop, fn: Callable[[], Any]) ->
     return fut
 
 
+async def _workload_outcome(worker: asyncio.Future, now: asyncio.Event, *,
+                            grace: float = 1.0,
+                            timeout: float = _WORKLOAD_STOP_TIMEOUT) -> Any:
+    """The demo's workload result once it was told to stop, or ``None`` when it failed
+    (said on stderr) or was abandoned: a client call under way (a group join takes
+    seconds) is waited for, said after ``grace`` seconds, up to ``timeout`` seconds or
+    until ``now`` is set (Ctrl-C again); an abandoned workload's thread is a daemon
+    (:func:`_in_daemon_thread`), so it neither holds up the exit nor outlives it."""
+    forced = asyncio.ensure_future(now.wait())
+    try:
+        await asyncio.wait({worker, forced}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
+        if not worker.done() and not now.is_set():
+            print("kinspect demo: stopping once the workload's current step ends "
+                  "(Ctrl-C again to stop now)…", file=sys.stderr, flush=True)
+            await asyncio.wait({worker, forced}, timeout=timeout,
+                               return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        forced.cancel()
+    if not worker.done():
+        print("kinspect demo: workload abandoned in the middle of a step", file=sys.stderr)
+        return None
+    if worker.exception() is not None:
+        print(f"kinspect demo: workload failed: {worker.exception()}", file=sys.stderr)
+        return None
+    return worker.result()
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from ..brokers import TansuBroker
     from ..proxy.server import install_uvloop
@@ -275,25 +302,7 @@ def run_demo(args: argparse.Namespace) -> int:
             worker.add_done_callback(lambda _: args.rounds is not None and stop.set())
             await stop.wait()
             stop_workload.set()
-            result = None
-            forced = asyncio.ensure_future(now.wait())
-            # a client call under way (a group join takes seconds): said after a second
-            await asyncio.wait({worker, forced}, timeout=1.0,
-                               return_when=asyncio.FIRST_COMPLETED)
-            if not worker.done() and not now.is_set():
-                print("kinspect demo: stopping once the workload's current step ends "
-                      "(Ctrl-C again to stop now)…", file=sys.stderr, flush=True)
-                await asyncio.wait({worker, forced}, timeout=_WORKLOAD_STOP_TIMEOUT,
-                                   return_when=asyncio.FIRST_COMPLETED)
-            forced.cancel()
-            if not worker.done():
-                # its thread is a daemon: it neither holds up the exit nor outlives it
-                print("kinspect demo: workload abandoned in the middle of a step",
-                      file=sys.stderr)
-            elif worker.exception() is not None:
-                print(f"kinspect demo: workload failed: {worker.exception()}", file=sys.stderr)
-            else:
-                result = worker.result()
+            result = await _workload_outcome(worker, now)
             proxy_stop.set()
             await server
             if result is not None:
