@@ -20,7 +20,9 @@ large one (10000) and the largest allowed (2^31-1), and payloads of 0 B, 1 B,
   error code the baseline's answer did not (``error_code``);
 * ``different``: a response that differs from the baseline without a new error
   code (one the baseline's answer carried too is kept in ``error_code``);
-* ``undecodable``: a response the codec cannot decode;
+* ``undecodable``: a response the codec cannot decode, or one that answers
+  another request (its correlation id is not the request's: a client drops the
+  connection on such an answer);
 * ``disconnect``: the broker closed the connection without answering;
 * ``timeout``: no answer within the timeout.
 
@@ -554,12 +556,20 @@ def error_codes(tree: Any) -> list[int]:
 
 
 def classify(codec: Codec, api_key: int, version: int, status: str, frame: bytes | None,
-             detail: str | None, baseline: Any, volatile: set[tuple]
-             ) -> tuple[str, int | None, str | None]:
+             detail: str | None, baseline: Any, volatile: set[tuple], *,
+             correlation_id: int | None = None) -> tuple[str, int | None, str | None]:
     """``(outcome, error_code, detail)`` of one answer compared with the baseline
-    (a normalized ``to_dict()`` tree; ``None`` when classifying the baseline)."""
+    (a normalized ``to_dict()`` tree; ``None`` when classifying the baseline).
+    ``correlation_id``: the request's; an answer carrying another one is
+    ``undecodable`` (it cannot be matched to the request: Kafka protocol guide,
+    "Requests and Responses")."""
     if status != "ok":
         return status, None, detail
+    if correlation_id is not None and frame is not None and len(frame) >= 4:
+        got = codec.response_correlation_id(frame)
+        if got != correlation_id:
+            return "undecodable", None, (f"answer carries correlation id {got}, not the "
+                                         f"request's {correlation_id}")
     try:
         resp = codec.decode_response(frame, api_key, version)
     except DecodeError as e:
@@ -729,7 +739,8 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
         base = build_request(codec, key, v, ctx)
         status, frame, detail, ms = _send(codec, address, base, cfg.timeout)
         sent += 1
-        outcome, code, detail = classify(codec, key, v, status, frame, detail, None, set())
+        outcome, code, detail = classify(codec, key, v, status, frame, detail, None, set(),
+                                         correlation_id=base.correlation_id)
         record(Cell(api, key, v, "baseline", None, None, 0, outcome, code, detail, round(ms, 2)))
         if status != "ok" or outcome == "undecodable":
             continue
@@ -774,7 +785,8 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
                     status, frame, detail, ms = _send(codec, address, req, cfg.timeout)
                     sent += 1
                     outcome, code, detail = classify(codec, key, v, status, frame, detail,
-                                                     baseline, volatile)
+                                                     baseline, volatile,
+                                                     correlation_id=req.correlation_id)
                     record(Cell(api, key, v, place, kind, tag, n, outcome, code, detail,
                                 round(ms, 2)))
     report.elapsed = time.monotonic() - start

@@ -87,8 +87,9 @@ def _metadata_v12_answer(codec):
     cls = codec.response_codec(3).cls
     hcls = codec.registry.header("ResponseHeader").cls
 
-    def frame(body):
-        return codec.encode_response(Response(3, 12, 1, 1, hcls(CorrelationId=1),
+    def frame(body, correlation_id=1):
+        return codec.encode_response(Response(3, 12, correlation_id, 1,
+                                              hcls(CorrelationId=correlation_id),
                                               cls.from_dict(body), 0, "Metadata", 12))
 
     return frame
@@ -109,6 +110,23 @@ def test_classify(codec):
         "undecodable"
     assert classify(codec, 3, 12, "disconnect", None, "closed", base, set()) == \
         ("disconnect", None, "closed")
+
+
+def test_classify_an_answer_to_another_request_is_undecodable(codec):
+    # a broker that answers with another correlation id: a client cannot match the
+    # answer to its request and drops the connection
+    frame = _metadata_v12_answer(codec)
+    ok = {"Topics": [{"Name": "t", "ErrorCode": 0}]}
+    base = normalize(codec.decode_response(frame(ok), 3, 12).body.to_dict())
+    assert classify(codec, 3, 12, "ok", frame(ok), None, base, set(),
+                    correlation_id=1)[0] == "tolerated"
+    outcome, code, detail = classify(codec, 3, 12, "ok", frame(ok, correlation_id=2), None,
+                                     base, set(), correlation_id=1)
+    assert (outcome, code) == ("undecodable", None)
+    assert "correlation id 2" in detail and "request's 1" in detail
+    # the baseline too
+    assert classify(codec, 3, 12, "ok", frame(ok, correlation_id=2), None, None, set(),
+                    correlation_id=1)[0] == "undecodable"
 
 
 # -- against Tansu ----------------------------------------------------------------------
