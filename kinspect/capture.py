@@ -101,7 +101,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from . import __version__
-from .codec import Codec, DecodeError, KinspectError
+from .codec import DEFAULT_MAX_FRAME, Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
 from .flows import (
     CLOSED,
@@ -825,6 +825,12 @@ def capture_addon_from_args(args: argparse.Namespace, proxy_config: Any,
 # Reading
 # ---------------------------------------------------------------------------
 
+#: the longest line :func:`read_capture` reads from a compressed part by default,
+#: bytes once decompressed: a frame of ``DEFAULT_MAX_FRAME`` bytes and its sent
+#: version, both in base64, and 1 MiB for the rest of the line
+MAX_LINE_BYTES = 2 * (4 * ((DEFAULT_MAX_FRAME + 2) // 3)) + (1 << 20)
+
+
 def _open_read(path: Path):
     with open(path, "rb") as probe:
         magic = probe.read(2)
@@ -833,24 +839,51 @@ def _open_read(path: Path):
     return open(path, "rb")
 
 
-def _read_one(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+def _lines(fh: Any, path: Path, limit: int | None) -> Iterator[bytes | CaptureError]:
+    """The lines of ``fh``; with ``limit``, a line longer than that many bytes ends
+    them with a :class:`CaptureError` (yielded, not raised, so that the line before
+    it is still used), read no further than ``limit + 1`` of its bytes."""
+    if limit is None:
+        yield from fh
+        return
+    lineno = 0
+    while True:
+        raw = fh.readline(limit + 1)
+        if not raw:
+            return
+        lineno += 1
+        if len(raw) > limit:
+            yield CaptureError(
+                f"a line longer than {limit} bytes once decompressed: not a line of a "
+                f"capture of frames up to {DEFAULT_MAX_FRAME >> 20} MiB (max_line_bytes)",
+                path, lineno)
+            return
+        yield raw
+
+
+def _read_one(path: Path, max_line_bytes: int | None = None
+              ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line number, record)``; a torn last line is skipped with a warning,
-    blank lines (whitespace only) silently, wherever they are."""
+    blank lines (whitespace only) silently, wherever they are. ``max_line_bytes``:
+    see :func:`read_capture` (applied to compressed files only)."""
     try:
         fh = _open_read(path)
     except FileNotFoundError:
         raise CaptureError("no such file", path) from None
     except OSError as e:
         raise CaptureError(f"cannot open: {e}", path) from None
+    limit = max_line_bytes if isinstance(fh, gzip.GzipFile) else None
     with fh:
         lineno = 0
         prev: bytes | None = None
         try:
-            for raw in fh:
+            for raw in _lines(fh, path, limit):
                 if prev is not None:
                     lineno += 1
                     if not prev.isspace():
                         yield lineno, _parse(prev, path, lineno, last=False)
+                if isinstance(raw, CaptureError):
+                    raise raw
                 prev = raw
         except (EOFError, zlib.error, gzip.BadGzipFile) as e:
             # a gzip stream cut short by a crash: everything before was readable
@@ -929,13 +962,20 @@ def _check(rec: dict[str, Any], path: Path, lineno: int) -> None:
         raise CaptureError(why, path, lineno)
 
 
-def read_capture(path: str | os.PathLike, *, parts: bool = True) -> Iterator[dict[str, Any]]:
+def read_capture(path: str | os.PathLike, *, parts: bool = True,
+                 max_line_bytes: int | None = None) -> Iterator[dict[str, Any]]:
     """Yield every record (dict) of a capture file, in file order.
 
     Args:
         path: a ``.jsonl`` or ``.jsonl.gz`` capture (gzip is detected by content).
         parts: also read the rotated parts ``FILE.1``, ``FILE.2`` ... that belong to
             the same capture (same session ``start_ns``).
+        max_line_bytes: the longest line read from a compressed part, in bytes once
+            decompressed (default :data:`MAX_LINE_BYTES`: a frame and its sent
+            version of ``DEFAULT_MAX_FRAME`` each, in base64, and 1 MiB more), so
+            that a small compressed file cannot make the reader hold gigabytes
+            for one line. An uncompressed part's lines are only as long as the
+            bytes read.
 
     Warns:
         CaptureWarning: a torn last line (crash while writing) was skipped.
@@ -944,14 +984,16 @@ def read_capture(path: str | os.PathLike, *, parts: bool = True) -> Iterator[dic
 
     Raises:
         CaptureError: missing file, a line other than the last that is not a JSON
-            object (or a file whose only line is not one: no capture), or a
-            frame/conn line with an id that is not an integer.
+            object (or a file whose only line is not one: no capture), a
+            frame/conn line with an id that is not an integer, or a line of a
+            compressed part longer than ``max_line_bytes``.
     """
     files = capture_parts(path) if parts else [Path(path)]
+    limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     start = None
     for i, p in enumerate(files):
         first = True
-        for _, rec in _read_one(p):
+        for _, rec in _read_one(p, limit):
             if first and rec.get("type") == "session":
                 if i == 0:
                     start = rec.get("start_ns")

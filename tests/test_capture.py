@@ -183,6 +183,45 @@ def test_gzip_capture_reads_back(tmp_path):
     assert all(f.response_decoded.body.ClusterId == "c" for f in cap.flows)
 
 
+def test_a_gzip_line_longer_than_the_limit_is_an_error_read_in_bounds(tmp_path):
+    """A small gzip file can hold a line of gigabytes (a compression bomb): the reader
+    stops at ``max_line_bytes`` with a CaptureError naming the line, holding no more
+    than that, instead of reading the whole line into memory."""
+    import tracemalloc
+
+    flows = metadata_flows(2)
+    path = tmp_path / "cap.jsonl.gz"
+    write_flows(path, flows)
+    before = len(list(read_capture(path)))
+    with open(path, "ab") as fh:  # one more gzip member: 64 MiB of one line, 64 KiB packed
+        fh.write(gzip.compress(b'{"type":"' + b"x" * (64 << 20) + b'"}\n', 1))
+    assert path.stat().st_size < 1 << 20
+    got = []
+    tracemalloc.start()
+    try:
+        with pytest.raises(CaptureError) as e:
+            for rec in read_capture(path, max_line_bytes=1 << 20):
+                got.append(rec)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(got) == before  # every line before the long one
+    assert e.value.line == before + 1 and "longer than 1048576 bytes" in str(e.value)
+    assert peak < 16 << 20, peak  # the line was 64 MiB
+    # the default limit reads every line a capture of frames up to 100 MiB can hold:
+    # a frame and its sent version, both in base64
+    from kinspect.capture import MAX_LINE_BYTES
+    from kinspect.codec import DEFAULT_MAX_FRAME
+
+    base64_len = 4 * -(-DEFAULT_MAX_FRAME // 3)  # (base64: 4 characters per 3 bytes)
+    assert MAX_LINE_BYTES > 2 * base64_len + len(b',"frame":"","frame_sent":""')
+    # an uncompressed file has no such limit: its lines are as long as what was read
+    plain = tmp_path / "plain.jsonl"
+    plain.write_bytes(gzip.decompress(path.read_bytes()))
+    recs = list(read_capture(plain, max_line_bytes=1 << 20))
+    assert len(recs) == before + 1 and len(recs[-1]["type"]) == 64 << 20
+
+
 def test_flush_by_line_count_writes_whole_lines_before_close(tmp_path):
     path = tmp_path / "cap.jsonl"
     w = CaptureWriter(path, CODEC, flush_lines=3, flush_interval=3600, direct=False)

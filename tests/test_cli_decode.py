@@ -337,6 +337,23 @@ def test_jsonl_decode_of_a_truncated_gzip_capture_warns_and_keeps_what_it_read(t
     assert f"the lines after {readable} are lost" in captured.err
 
 
+def test_jsonl_gzip_line_longer_than_the_limit_is_an_error(tmp_path, capsys, monkeypatch):
+    """decode --jsonl reads a gzip file's lines in bounds, as kinspect show does: a
+    line longer than the limit once decompressed ends the run with an error, after
+    the lines before it."""
+    import kinspect.capture
+
+    monkeypatch.setattr(kinspect.capture, "MAX_LINE_BYTES", 1 << 20)
+    req, _ = _metadata_pair()
+    line = json.dumps({"conn": 1, "dir": "req", "frame": base64.b64encode(req).decode()})
+    src = tmp_path / "in.jsonl.gz"
+    src.write_bytes(gzip.compress(line.encode() + b"\n" + b"y" * (8 << 20) + b"\n"))
+    assert main(["decode", "--jsonl", str(src)]) == 1
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 1 and "error" not in json.loads(captured.out)
+    assert f"{src}:2: a line longer than {1 << 20} characters" in captured.err
+
+
 @pytest.mark.parametrize("conn", ["c1", None, 1.0])
 def test_jsonl_conn_must_be_an_integer_as_in_captures(tmp_path, capsys, conn):
     """``conn`` is an integer, as for every capture reader: another value makes that

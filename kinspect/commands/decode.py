@@ -344,19 +344,31 @@ def _response_type(codec: Any, args: argparse.Namespace) -> tuple[int, int]:
 def _lines(path: str, verb: str = "decode") -> Iterator[str]:
     """The lines of ``path`` (``-``: stdin), gzip or not. A gzip stream cut short (a
     capture whose writer was killed) ends the lines with a warning on stderr, like
-    ``kinspect show``: the lines before the cut are all there is."""
+    ``kinspect show``: the lines before the cut are all there is. A line of a gzip
+    file longer than :data:`~kinspect.capture.MAX_LINE_BYTES` characters once
+    decompressed is an :class:`InputError`, as for ``kinspect show``."""
+    from ..capture import MAX_LINE_BYTES
+
     if path == "-":
         yield from sys.stdin
         return
     with open(path, "rb") as fh:
         magic = fh.read(2)
         fh.seek(0)
-        stream = gzip.open(fh, "rt", encoding="utf-8") if magic == b"\x1f\x8b" else \
+        compressed = magic == b"\x1f\x8b"
+        stream = gzip.open(fh, "rt", encoding="utf-8") if compressed else \
             io.TextIOWrapper(fh, encoding="utf-8")
         n = 0
         try:
-            for line in stream:
+            while True:
+                # (a small gzip file can hold a line of gigabytes: read it in bounds)
+                line = stream.readline(MAX_LINE_BYTES + 1) if compressed else stream.readline()
+                if not line:
+                    break
                 n += 1
+                if len(line) > MAX_LINE_BYTES:
+                    raise InputError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES} "
+                                     f"characters once decompressed: not a capture line")
                 yield line
         except (EOFError, zlib.error, gzip.BadGzipFile) as e:
             print(f"kinspect {verb}: warning: {path}: compressed data ends early ({e}); "
@@ -394,6 +406,7 @@ def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
     a line that is not JSON becomes an error line. Counts go to stderr."""
     out = _open_out(args.output)
     n = errors = 0
+    failed: InputError | None = None
     try:
         for lineno, line in enumerate(_lines(args.jsonl, verb), 1):
             if not line.strip():
@@ -406,6 +419,8 @@ def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
             n += status != _PASS
             errors += status == _FAILED
             out.write(json.dumps(result, separators=_COMPACT) + "\n")
+    except InputError as e:  # the input cannot be read on (the lines before are out)
+        failed = e
     finally:
         if out is not sys.stdout:
             out.close()
@@ -413,6 +428,9 @@ def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
             out.flush()
     print(f"kinspect {verb}: {n} frame{'' if n == 1 else 's'}, "
           f"{errors} error{'' if errors == 1 else 's'}", file=sys.stderr)
+    if failed is not None:
+        print(f"kinspect {verb}: {_error_text(failed)}", file=sys.stderr)
+        return 1
     return 0
 
 
