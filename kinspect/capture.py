@@ -919,6 +919,9 @@ def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
         rec = json.loads(raw)
     except ValueError as e:
         raise CaptureError(f"not a JSON line ({e})", path, lineno) from None
+    except RecursionError:  # e.g. [[[[...: valid JSON, but no capture line
+        raise CaptureError("not a JSON line (values nested too deeply)", path,
+                           lineno) from None
     if not isinstance(rec, dict):
         raise CaptureError("a line is not a JSON object", path, lineno)
     if not last:

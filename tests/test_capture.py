@@ -271,6 +271,27 @@ def test_a_file_whose_only_line_is_not_a_json_object_is_no_capture(tmp_path, tex
         load_capture(path, CODEC)
 
 
+def test_a_deeply_nested_line_is_a_capture_error(tmp_path, capsys):
+    """A line of 100 000 nested arrays is valid JSON that json.loads cannot follow
+    (RecursionError): a CaptureError naming the line for every reader, not a
+    traceback; as the last line, it is a torn line like any other that is no object."""
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, metadata_flows(2))
+    lines = path.read_bytes().splitlines(keepends=True)
+    deep = b"[" * 100_000 + b"]" * 100_000 + b"\n"
+    path.write_bytes(b"".join(lines[:2]) + deep + b"".join(lines[2:]))
+    with pytest.raises(CaptureError, match="nested too deeply") as ei:
+        list(read_capture(path))
+    assert ei.value.line == 3
+    for argv in (["show", str(path)], ["export", str(path), "--pcapng",
+                                       str(tmp_path / "x.pcapng")]):
+        assert cli.main(argv) == 1
+        assert "nested too deeply" in capsys.readouterr().err
+    path.write_bytes(b"".join(lines) + deep.rstrip())
+    with pytest.warns(CaptureWarning, match="torn last line"):
+        assert len(list(read_capture(path))) == len(lines)
+
+
 def test_whole_last_line_without_newline_is_kept(tmp_path, recwarn):
     path = tmp_path / "cap.jsonl"
     write_flows(path, metadata_flows(2))

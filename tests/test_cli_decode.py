@@ -281,6 +281,26 @@ def test_jsonl_bad_lines_do_not_stop_the_run(tmp_path, capsys):
     assert out[3]["decoded"]["api"] == "Metadata"
 
 
+def test_deeply_nested_json_is_an_error_not_a_traceback(tmp_path, capsys):
+    """Valid JSON nested deeper than json.loads follows (RecursionError): an error
+    line in batch mode (the run goes on), an encode error for a single document."""
+    req, _ = _metadata_pair()
+    deep = "[" * 100_000 + "]" * 100_000
+    good = json.dumps({"conn": 1, "dir": "req", "frame": base64.b64encode(req).decode()})
+    src = tmp_path / "in.jsonl"
+    src.write_text(deep + "\n" + good + "\n")
+    assert main(["decode", "--jsonl", str(src)]) == 0
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert out[0] == {"line": 1, "error": {"error": "not JSON: values nested too deeply"}}
+    assert out[1]["decoded"]["api"] == "Metadata"
+    assert main(["encode", "--jsonl", str(src)]) == 0
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert "nested too deeply" in out[0]["error"]["error"] and len(out) == 2
+    (tmp_path / "deep.json").write_text(deep)
+    assert main(["encode", str(tmp_path / "deep.json")]) == 1
+    assert "nested too deeply" in capsys.readouterr().err
+
+
 def test_jsonl_encode_reports_bad_values_per_line(tmp_path, capsys):
     req, _ = _metadata_pair()
     src = tmp_path / "in.jsonl"

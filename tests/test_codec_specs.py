@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import json5
@@ -15,6 +16,7 @@ from codec_util import CORPUS, inline
 
 from kinspect.codec import SpecError, SpecRegistry
 from kinspect.codec import registry as registry_mod
+from kinspect.codec import spec as spec_mod
 
 
 def _msg(fields, **top):
@@ -185,6 +187,87 @@ def test_a_bad_spec_path_names_where_it_came_from(origin, tmp_path, monkeypatch)
                           use_default=False)
     assert ei.value.source == missing
     assert ei.value.reason.startswith(f"{origin} path "), ei.value
+
+
+# ---------------------------------------------------------------------------
+# hostile specs: bounded work, a SpecError instead of a traceback
+
+
+def _chain(depth: int, *, width: int = 1, array: bool = False) -> dict:
+    """A request whose field Root is common struct S0, S0 has ``width`` fields of
+    type S1 (``[]S1`` with ``array``), and so on down to S{depth-1}."""
+    common = []
+    for i in range(depth):
+        if i + 1 < depth:
+            fields = [_f(chr(65 + j), type=("[]" if array else "") + f"S{i + 1}")
+                      for j in range(width)]
+        else:
+            fields = [_f("X", type="int8")]
+        common.append({"name": f"S{i}", "versions": "0+", "fields": fields})
+    return _msg([_f("Root", type="S0")], commonStructs=common)
+
+
+def test_common_structs_used_twice_at_every_level_are_refused():
+    """10 common structs, each with four fields of the next: a 2 KB spec whose default
+    value holds 4**9 structs and whose compiled code grows as fast (26 structs of two
+    such fields took minutes and gigabytes on the first frame of their api). Refused
+    at load."""
+    spec_text = json.dumps(_chain(10, width=4))
+    assert len(spec_text) < 3000
+    with pytest.raises(SpecError) as ei:
+        inline(spec_text, source="specs/BadRequest.json")
+    assert "written out where they are used" in ei.value.reason, ei.value
+    assert str(spec_mod.MAX_EXPANDED_FIELDS) in ei.value.reason
+
+
+def test_structs_nested_too_deep_are_refused():
+    """Struct chains deeper than MAX_STRUCT_DEPTH: 40 nested arrays (generated code the
+    Python compiler refuses: a SyntaxError on the first frame) and 400 nested structs
+    (a RecursionError while loading) are SpecErrors at load."""
+    for depth, array in ((40, True), (400, False)):
+        with pytest.raises(SpecError) as ei:
+            inline(_chain(depth, array=array), source="specs/BadRequest.json")
+        assert "nested" in ei.value.reason, ei.value
+        assert ei.value.source == "specs/BadRequest.json"
+
+
+def test_structs_at_the_limits_still_compile_and_decode():
+    """The limits are below what the compiler handles: a chain of arrays as deep as
+    allowed compiles and decodes, and so does a struct used twice at a few levels."""
+    c = inline(_chain(spec_mod.MAX_STRUCT_DEPTH - 1, array=True))  # + the top level
+    assert c.decode(b"\x00\x00\x00\x00", 0).Root.A == []
+    c = inline(_chain(6, width=2))  # 2 + 4 + ... + 64 + 1 fields
+    v = c.decode(bytes(32), 0)
+    assert v.Root.B.A.B.A.B.X == 0
+
+
+def test_deeply_nested_json_is_a_spec_error():
+    """json5's parser recurses for every nested value: a 300-byte file of nested
+    arrays was a RecursionError traceback for every command that loads specs."""
+    with pytest.raises(SpecError) as ei:
+        SpecRegistry().add_text("[" * 150 + "]" * 150, "specs/Deep.json")
+    assert ei.value.source == "specs/Deep.json" and "nested too deeply" in ei.value.reason
+
+
+def test_a_spec_file_that_is_not_utf8_names_the_file(tmp_path):
+    (tmp_path / "Bad.json").write_bytes(b'{"name": "Bad\xff"}')
+    with pytest.raises(SpecError) as ei:
+        SpecRegistry.load([str(tmp_path)], use_env=False, use_project=False, use_default=False)
+    assert ei.value.source == str(tmp_path / "Bad.json") and "UTF-8" in ei.value.reason
+
+
+def test_an_archive_member_larger_than_a_spec_file_is_refused(tmp_path):
+    """A jar member that inflates past MAX_ARCHIVE_SPEC_BYTES (a few KB of deflate
+    can hold megabytes) is refused before it is read."""
+    jar = tmp_path / "specs.jar"
+    with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr("common/message/Big.json",
+                    " " * (registry_mod.MAX_ARCHIVE_SPEC_BYTES + 1) + "{}")
+    assert jar.stat().st_size < 64 << 10
+    with pytest.raises(SpecError) as ei:
+        SpecRegistry.load([str(jar)], use_env=False, use_project=False, use_default=False)
+    assert ei.value.source == f"{jar}!common/message/Big.json"
+    assert "decompressed" in ei.value.reason
 
 
 # ---------------------------------------------------------------------------

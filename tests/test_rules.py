@@ -548,6 +548,8 @@ def test_rules_file_matches_flags(codec, tmp_path):
     "[{api: 'Metadata', direction: 'response', strip: 'all', x: 1}]",  # unknown key
     "[{api: 'Metadata', direction: 'response', inject: {tag: 1, hex: '00', int8: 1}}]",
     "{rules: [}",
+    # nested deeper than json5's parser recurses (a RecursionError traceback before)
+    pytest.param("[" * 200 + "]" * 200, id="nested-too-deep"),
 ])
 def test_bad_rules_files(tmp_path, text):
     path = tmp_path / "bad.json5"

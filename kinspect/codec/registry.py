@@ -85,7 +85,8 @@ def load_spec_document(text: str, source: str) -> Any:
     unwritable cache directory just means no caching.
 
     Raises:
-        SpecError: the text is not valid JSON5.
+        SpecError: the text is not valid JSON5 (or nests values deeper than the
+            parser can follow).
     """
     path = _cache_path(text)
     if path is not None:
@@ -98,6 +99,8 @@ def load_spec_document(text: str, source: str) -> Any:
         doc = json5.loads(text)
     except ValueError as e:
         raise SpecError(f"not valid JSON: {e}", source) from None
+    except RecursionError:  # json5's parser recurses for every nested value
+        raise SpecError("not valid JSON: values nested too deeply", source) from None
     if path is not None:
         _cache_store(path, doc)
     return doc
@@ -158,18 +161,41 @@ class SpecSource:
     origin: str
 
 
+#: the largest spec file read from a jar/zip archive, bytes once decompressed
+#: (Kafka's largest is some 30 KiB): a small archive cannot make the loader hold
+#: gigabytes for one member
+MAX_ARCHIVE_SPEC_BYTES = 4 << 20
+
+
+def _text(data: bytes, name: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(f"not UTF-8 text: byte {e.start}: {e.reason}", name) from None
+
+
 def _iter_spec_files(source: SpecSource) -> Iterator[tuple[str, str]]:
-    """Yield ``(display name, text)`` for every ``*.json`` spec in a source."""
+    """Yield ``(display name, text)`` for every ``*.json`` spec in a source.
+
+    Raises:
+        SpecError: a file that is not UTF-8 text, or an archive member of more
+            than :data:`MAX_ARCHIVE_SPEC_BYTES` bytes.
+    """
     if source.kind == "dir":
         for p in sorted(Path(source.path).glob("*.json")):
-            yield str(p), p.read_text(encoding="utf-8")
+            yield str(p), _text(p.read_bytes(), str(p))
         return
     with zipfile.ZipFile(source.path) as zf:
         names = sorted(n for n in zf.namelist() if n.endswith(".json"))
         # Kafka's jars hold the specs under common/message/; prefer that folder.
         preferred = [n for n in names if "common/message/" in n]
         for n in preferred or names:
-            yield f"{source.path}!{n}", zf.read(n).decode("utf-8")
+            name = f"{source.path}!{n}"
+            size = zf.getinfo(n).file_size  # what zf.read returns at most
+            if size > MAX_ARCHIVE_SPEC_BYTES:
+                raise SpecError(f"{size} bytes once decompressed: larger than a spec file "
+                                f"(at most {MAX_ARCHIVE_SPEC_BYTES})", name)
+            yield name, _text(zf.read(n), name)
 
 
 def _source_for(path: str, origin: str) -> SpecSource:

@@ -54,6 +54,16 @@ _FIELD_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
 ENTITY_TYPES = {"unknown": None, "transactionalId": "string", "producerId": "int64",
                 "groupId": "string", "topicName": "string", "brokerId": "int32"}
 _ZERO_UUID = bytes(16)
+#: deepest nesting of structs in a message, the top level counting as 1 (Kafka's own
+#: specs nest 4 deep at most); deeper ones would overflow the parser's recursion and
+#: the nested blocks of the code the compiler generates
+MAX_STRUCT_DEPTH = 16
+#: most fields a message may have once every struct is counted where it is used (a
+#: common struct used twice counts twice; Kafka's largest message has 31): what the
+#: compiler generates code for, and how many structs a default value holds, so a
+#: small spec of common structs that use each other twice over cannot cost
+#: exponential time and memory
+MAX_EXPANDED_FIELDS = 10_000
 
 
 @dataclass(eq=False)
@@ -229,7 +239,10 @@ def parse_message_spec(doc: Any, source: str) -> MessageSpec:
     """Build a validated :class:`MessageSpec` from a parsed JSON document.
 
     Raises:
-        SpecError: naming ``source`` and the offending field.
+        SpecError: naming ``source`` and the offending field; also for structs nested
+            more than :data:`MAX_STRUCT_DEPTH` deep, or more than
+            :data:`MAX_EXPANDED_FIELDS` fields once common structs are counted at
+            every use.
     """
     if not isinstance(doc, dict):
         raise SpecError("top level must be a JSON object", source)
@@ -277,6 +290,7 @@ def parse_message_spec(doc: Any, source: str) -> MessageSpec:
         ctx.common_docs[cname] = cs
     top = StructSpec(name, valid, [])
     top.fields = ctx.parse_fields(doc["fields"], name, valid, "")
+    ctx.measure(top, "")
     for f in top.fields:  # Kafka's MessageDataGenerator.generateClass
         if f.map_key:
             raise SpecError("mapKey cannot be set on top-level fields", source, f.path)
@@ -306,9 +320,32 @@ class _Context:
         self.common_docs: dict[str, dict] = {}
         self.structs: dict[str, StructSpec] = {}
         self._building: set[str] = set()
+        self._depth = 0
+        #: id(struct) -> (nesting depth, fields with its structs written out)
+        self._sizes: dict[int, tuple[int, int]] = {}
 
     def err(self, reason: str, path: str) -> SpecError:
         return SpecError(reason, self.source, path or None)
+
+    def measure(self, st: StructSpec, path: str) -> None:
+        """Record the nesting depth and expanded field count of ``st``, whose struct
+        fields are measured already (see :data:`MAX_STRUCT_DEPTH` and
+        :data:`MAX_EXPANDED_FIELDS`).
+
+        Raises:
+            SpecError: either is over its limit.
+        """
+        depth, count = 1, len(st.fields)
+        for f in st.fields:
+            if f.struct is not None:
+                d, n = self._sizes[id(f.struct)]
+                depth, count = max(depth, d + 1), count + n
+        if depth > MAX_STRUCT_DEPTH:
+            raise self.err(f"structs nested {depth} deep (at most {MAX_STRUCT_DEPTH})", path)
+        if count > MAX_EXPANDED_FIELDS:
+            raise self.err(f"{count} fields with its structs written out where they are used "
+                           f"(at most {MAX_EXPANDED_FIELDS})", path)
+        self._sizes[id(st)] = (depth, count)
 
     def common_struct(self, cname: str, path: str) -> StructSpec:
         if cname in self._building:
@@ -321,6 +358,7 @@ class _Context:
         st = StructSpec(cname, versions, [])
         self.structs[cname] = st
         st.fields = self.parse_fields(cs.get("fields") or [], cname, versions, cname)
+        self.measure(st, cname)
         self._building.discard(cname)
         return st
 
@@ -328,7 +366,13 @@ class _Context:
                      path: str) -> list[FieldSpec]:
         if not isinstance(docs, list):
             raise self.err("'fields' must be a list", path)
-        fields = [self.parse_field(d, owner_versions, path) for d in docs]
+        if self._depth >= MAX_STRUCT_DEPTH:  # before recursing further
+            raise self.err(f"structs nested more than {MAX_STRUCT_DEPTH} deep", path)
+        self._depth += 1
+        try:
+            fields = [self.parse_field(d, owner_versions, path) for d in docs]
+        finally:
+            self._depth -= 1
         names: set[str] = set()
         tags: dict[int, str] = {}
         for f in fields:
@@ -449,6 +493,7 @@ class _Context:
                 st = StructSpec(elem, versions, [])
                 self.structs[elem] = st
                 st.fields = self.parse_fields(sub_docs, elem, versions, path)
+                self.measure(st, path)
             elif elem in self.common_docs:
                 st = self.common_struct(elem, path)
             else:

@@ -388,8 +388,9 @@ def _json_line(line: str, lineno: int, out: Any) -> Any:
     error line for it."""
     try:
         return json.loads(line)
-    except ValueError as e:
-        out.write(json.dumps({"line": lineno, "error": {"error": f"not JSON: {e}"}}) + "\n")
+    except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
+        why = e if isinstance(e, ValueError) else "values nested too deeply"
+        out.write(json.dumps({"line": lineno, "error": {"error": f"not JSON: {why}"}}) + "\n")
         return _BAD
 
 
@@ -495,11 +496,14 @@ def run_encode(args: argparse.Namespace) -> int:
     if args.jsonl:
         return _encode_jsonl(codec, args)
     try:
-        if args.file == "-":
-            doc = json.load(sys.stdin)
-        else:
-            with open(args.file, encoding="utf-8") as fh:
-                doc = json.load(fh)
+        try:
+            if args.file == "-":
+                doc = json.load(sys.stdin)
+            else:
+                with open(args.file, encoding="utf-8") as fh:
+                    doc = json.load(fh)
+        except RecursionError:  # valid JSON nested deeper than json.load follows
+            raise ValueError("not JSON: values nested too deeply") from None
         frame = encode_message(codec, message_from_dict(codec, doc))
     except OSError as e:  # "x.json: No such file or directory", as decode says it
         print(f"kinspect: {_error_text(e)}", file=sys.stderr)

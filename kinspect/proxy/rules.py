@@ -712,6 +712,8 @@ def load_rules_file(path: str | Path) -> list[Rule]:
         raise RuleError(f"cannot read rules file {p}: {e}") from None
     except ValueError as e:
         raise RuleError(f"{p}: not valid json5: {e}") from None
+    except RecursionError:  # json5's parser recurses for every nested value
+        raise RuleError(f"{p}: not valid json5: values nested too deeply") from None
     if isinstance(doc, dict):
         if set(doc) - {"rules"}:
             raise RuleError(f"{p}: top-level object takes only 'rules'")
