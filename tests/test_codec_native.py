@@ -31,6 +31,7 @@ from kinspect.codec.native import native_module
 from kinspect.codec.registry import _DECODE_FAILURES as DECODE_FAILURES
 from kinspect.codec.registry import kafka_python_specs
 from kinspect.codec.scan import compile_scanner
+from kinspect.codec import spec as spec_mod
 
 NATIVE = native_module()
 REG = corpus_registry()
@@ -529,9 +530,11 @@ def test_bad_utf8_decodes_alike_and_bad_lengths_are_reported_precisely():
 
 
 @needs_native
-def test_deep_nesting_is_declined_not_a_crash():
+def test_deep_nesting_is_declined_not_a_crash(monkeypatch):
     """A custom spec nested 70 structs deep: the C path stops at its depth limit (64) and
-    leaves the value to the Python decoder."""
+    leaves the value to the Python decoder. Specs that deep are refused at load
+    (``MAX_STRUCT_DEPTH``); the limit is lifted here to reach the C path's own guard."""
+    monkeypatch.setattr(spec_mod, "MAX_STRUCT_DEPTH", 100)
     fields: list = [{"name": "V", "type": "int8", "versions": "0+"}]
     for i in range(70):
         fields = [{"name": f"S{i}", "type": f"Level{i}", "versions": "0+", "fields": fields}]
@@ -550,9 +553,10 @@ def test_deep_nesting_is_declined_not_a_crash():
 
 
 @needs_native
-def test_deep_default_structs_are_declined_not_a_recursion_error():
+def test_deep_default_structs_are_declined_not_a_recursion_error(monkeypatch):
     """The same nesting as a default (the outer struct absent in v0): the C path
-    declines, the Python decoder builds it."""
+    declines, the Python decoder builds it (the spec limit lifted as above)."""
+    monkeypatch.setattr(spec_mod, "MAX_STRUCT_DEPTH", 100)
     fields: list = [{"name": "V", "type": "int8", "versions": "0+"}]
     for i in range(70):
         fields = [{"name": f"S{i}", "type": f"Level{i}", "versions": "1+" if i == 69 else "0+",

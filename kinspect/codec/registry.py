@@ -93,7 +93,7 @@ def load_spec_document(text: str, source: str) -> Any:
         try:
             with open(path, "r", encoding="utf-8") as fh:
                 return json.load(fh)
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             pass
     try:
         doc = json5.loads(text)
