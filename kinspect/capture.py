@@ -1088,7 +1088,9 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
     cap = Capture()
     by_id: dict[int, Flow] = {}
     pending: dict[tuple[int, int], Flow] = {}   # (conn, corr) -> flow awaiting a response
-    inflight: dict[int, list[Flow]] = {}        # conn -> flows awaiting responses, in order
+    # conn -> flows awaiting responses, in order (by id(flow): an answered one leaves in
+    # O(1) whatever its place, so answers in any order pair in linear time)
+    inflight: dict[int, dict[int, Flow]] = {}
     sasl_raw: dict[int, bool] = {}
     next_id = 0
     order: list[Flow] = []
@@ -1196,17 +1198,18 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
             flow.flags |= flags
             if NO_RESPONSE not in flags and name != "Malformed":
                 if SASL_TOKEN in flow.flags:
-                    inflight.setdefault(conn, []).append(flow)
+                    inflight.setdefault(conn, {})[id(flow)] = flow
                 else:
                     pending[(conn, flow.correlation_id)] = flow
-                    inflight.setdefault(conn, []).append(flow)
+                    inflight.setdefault(conn, {})[id(flow)] = flow
             cap.frames.append(FrameRef(flow, "req", ts))
         elif direction == "resp":
             flow = by_id.get(fid) if fid is not None else None
-            q = inflight.get(conn, [])
+            q = inflight.get(conn, {})
             if flow is None and fid is None:
-                if q and SASL_TOKEN in q[0].flags:
-                    flow = q[0]
+                first = next(iter(q.values()), None)
+                if first is not None and SASL_TOKEN in first.flags:
+                    flow = first
                 elif len(frame) >= 4:
                     corr = int.from_bytes(frame[:4], "big", signed=True)
                     flow = pending.get((conn, corr))
@@ -1222,8 +1225,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 flags.add(UNPAIRED)
             else:
                 pending.pop((conn, flow.correlation_id), None)
-                if flow in q:
-                    q.remove(flow)
+                q.pop(id(flow), None)
             flow.response, flow.response_ns = frame, ts
             flow.response_sent = sent
             flow.flags |= flags
@@ -1236,7 +1238,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
 
     for conn, q in inflight.items():
         if cap.conns.get(conn, {}).get("close_ns") is not None:
-            for f in q:
+            for f in q.values():
                 if f.response is None:
                     f.flags.add(CLOSED)
     if decode:

@@ -42,7 +42,7 @@ from kinspect.codec import Codec
 from kinspect.codec.protocol import Request, Response
 from kinspect.export import export_pcapng
 from kinspect.filters import TopicIds, parse
-from kinspect.flows import MUTATED, SASL_TOKEN, Flow
+from kinspect.flows import CLOSED, MUTATED, SASL_TOKEN, Flow
 from kinspect.proxy.server import Proxy, ProxyConfig
 from kinspect.show import records_fields, records_summary
 
@@ -495,6 +495,32 @@ def test_pairing_without_flow_ids_matches_pairing_with_them():
                       for f in c.flows)
     assert key(with_ids) == key(without)
     assert all(f.response is not None for f in without.flows)
+
+
+def test_answers_in_reverse_order_pair_with_their_requests():
+    """Many requests in flight, answered last first (a broker may answer different
+    partitions' fetches out of order): each response pairs with its own request by
+    correlation id, and the one left unanswered on a closed connection is ``closed``.
+    (This pairing was quadratic in the requests in flight; the speed is not asserted.)"""
+    n = 500
+    reqs = [request_frame(3, 12, corr, Topics=None) for corr in range(n)]
+    resps = [response_frame(3, 12, corr, ClusterId=f"c{corr}") for corr in range(n)]
+
+    def rec(d, b, **extra):
+        return {"type": "frame", "conn": 1, "dir": d, "frame": base64.b64encode(b).decode(),
+                **extra}
+    for with_ids in (False, True):
+        ids = (lambda i: {"flow": i}) if with_ids else (lambda i: {})
+        recs = [rec("req", reqs[i], **ids(i)) for i in range(n)]
+        recs += [rec("resp", resps[i], **ids(i)) for i in reversed(range(1, n))]
+        recs.append({"type": "conn", "event": "close", "conn": 1, "ts_ns": 1})
+        cap = flows_from_records(recs, CODEC, decode=False)
+        assert len(cap.flows) == n, with_ids
+        by_corr = {f.correlation_id: f for f in cap.flows}
+        assert all(by_corr[i].request == reqs[i] and by_corr[i].response == resps[i]
+                   for i in range(1, n)), with_ids
+        assert by_corr[0].response is None and CLOSED in by_corr[0].flags, with_ids
+        assert not any(CLOSED in by_corr[i].flags for i in range(1, n)), with_ids
 
 
 def test_raw_sasl_tokens_pair_in_order_after_handshake_v0():
