@@ -164,6 +164,24 @@ def test_encode_error_is_reported(tmp_path, capsys):
     assert "Name" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("key,value", [("header_version", "x"), ("header_version", []),
+                                       ("header_version", 3), ("header_version", True),
+                                       ("body_version", None), ("body_version", {})])
+def test_encode_bad_header_or_body_version_is_an_encode_error(tmp_path, capsys, key, value):
+    """A header or body version that is not one there is: ``encode error`` naming the
+    key (it was a TypeError traceback)."""
+    _, resp = _metadata_pair()
+    assert main(["decode", "--size-prefix", "no", "--api-key", "3", "--api-version", "12",
+                 "-o", str(tmp_path / "d.json"), _write(tmp_path / "f.bin", resp)]) == 0
+    doc = json.loads((tmp_path / "d.json").read_text())
+    doc[key] = value
+    (tmp_path / "bad.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["encode", str(tmp_path / "bad.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kinspect: encode error: ") and key in err, err
+
+
 def _write(path, data: bytes) -> str:
     path.write_bytes(data)
     return str(path)

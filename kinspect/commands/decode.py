@@ -160,6 +160,10 @@ def message_to_dict(msg: Any) -> dict[str, Any]:
     return {k: d[k] for k in order if k in d}
 
 
+#: header versions there are: request v0-v2, response v0-v1 (KIP-482 added the last)
+_HEADER_VERSIONS = {"request": (0, 1, 2), "response": (0, 1)}
+
+
 def message_from_dict(codec: Any, d: dict[str, Any]) -> Any:
     """Rebuild a Request/Response from :func:`message_to_dict`'s shape.
 
@@ -179,20 +183,25 @@ def message_from_dict(codec: Any, d: dict[str, Any]) -> Any:
     if kind not in ("request", "response"):
         raise EncodeError(f"'type' must be 'request' or 'response', got {kind!r}")
     name = codec.api_name(api_key)
+    hv = d.get("header_version")
+    if hv is not None and (type(hv) is not int or hv not in _HEADER_VERSIONS[kind]):
+        raise EncodeError(f"'header_version' of a {kind} must be one of "
+                          f"{', '.join(map(str, _HEADER_VERSIONS[kind]))}, got {hv!r}")
     if kind == "request":
         spec = codec.registry.request(api_key)
-        hv = d.get("header_version")
         if hv is None:
             hv = codec.request_header_version(api_key, api_version)
         hcodec = codec.registry.header("RequestHeader")
     else:
         spec = codec.registry.response(api_key)
-        hv = d.get("header_version")
         if hv is None:
             hv = codec.response_header_version(api_key, api_version)
         hcodec = codec.registry.header("ResponseHeader")
     if spec is None or hv is None:
         raise EncodeError(f"no spec for {kind} api key {api_key} version {api_version}")
+    body_version = d.get("body_version", api_version)
+    if type(body_version) is not int:
+        raise EncodeError(f"'body_version' must be an integer, got {body_version!r}")
     header = hcodec.cls.from_dict(d["header"]) if d.get("header") is not None else None
     body = codec.registry.codec(spec).cls.from_dict(d.get("body") or {})
     corr = d.get("correlation_id")
@@ -203,8 +212,7 @@ def message_from_dict(codec: Any, d: dict[str, Any]) -> Any:
     if kind == "request":
         client_id = header.ClientId if header is not None and hv >= 1 else d.get("client_id")
         return Request(api_key, api_version, corr, client_id, hv, header, body, 0, name)
-    return Response(api_key, api_version, corr, hv, header, body, 0, name,
-                    int(d.get("body_version", api_version)))
+    return Response(api_key, api_version, corr, hv, header, body, 0, name, body_version)
 
 
 def encode_message(codec: Any, msg: Any) -> bytes:
