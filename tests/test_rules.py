@@ -24,6 +24,7 @@ from kinspect.proxy.rules import (
     parse_flag,
     parse_size,
     rule_from_dict,
+    rules_from_args,
 )
 from kinspect.proxy.server import Proxy, ProxyConfig
 
@@ -556,6 +557,50 @@ def test_bad_rules_files(tmp_path, text):
     path.write_text(text)
     with pytest.raises(RuleError):
         load_rules_file(path)
+
+
+def test_payloads_together_are_bounded(tmp_path):
+    """Five lines of ``size=64MiB`` would hold 320 MiB at start-up (thirty, 2 GB): the
+    rule that takes the payloads past 256 MiB together is refused, by name, across a
+    rules file and the flags after it."""
+    rule = "{api: 'Metadata', direction: 'response', inject: {tag: %d, size: '64MiB'}},"
+    path = tmp_path / "big.json5"
+    path.write_text("[" + "".join(rule % (100 + i) for i in range(5)) + "]")
+    with pytest.raises(RuleError) as ei:
+        load_rules_file(path)
+    assert "big.json5 #5" in str(ei.value) and "256 MiB" in str(ei.value)
+    path.write_text("[" + "".join(rule % (100 + i) for i in range(4)) + "]")
+    assert len(load_rules_file(path)) == 4  # 256 MiB exactly
+    with pytest.raises(RuleError) as ei:
+        rules_from_args(parse_args("--rules", str(path), "--inject",
+                                   "Metadata:response:top:tag=1:size=1"))
+    assert "--inject #1" in str(ei.value)
+
+
+def test_injection_past_the_largest_frame_leaves_the_frame_alone(codec):
+    """A payload injected into every element of an array multiplies: a frame the rules
+    would grow past the largest frame is forwarded unchanged and counted under
+    errors, with a note on the flow, before anything is encoded."""
+    frame = response_frame(codec, METADATA, 12, METADATA_BODY)
+    parsed = [parse_flag("inject", "Metadata:response:Topics[].Partitions[]:tag=99:size=1KiB")]
+    rs = RuleSet(parsed, codec, max_frame=len(frame) + 3 * (1024 + 10) - 1)
+    flow = flow_for(codec, METADATA, 12)
+    assert rs.mutate_response(flow, frame) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.applied, s.errors, rs.errors) == (1, 0, 1, 1)
+    assert any("more than the largest frame" in n for n in flow.notes), flow.notes
+    rs = RuleSet(parsed, codec, max_frame=len(frame) + 3 * (1024 + 10))
+    out = rs.mutate_response(flow_for(codec, METADATA, 12), frame)
+    assert out is not None and len(out) <= rs.max_frame
+    assert rs.rules[0].stats.applied == 1
+
+
+async def test_install_takes_the_proxys_largest_frame(codec):
+    proxy = Proxy(ProxyConfig(upstream=("127.0.0.1", 9), listen=("127.0.0.1", 0),
+                              max_frame=1 << 20), codec=codec)
+    rs = install_rules(parse_args("--inject", "Metadata:response:top:tag=1000"), proxy, codec,
+                       None)
+    assert rs.max_frame == 1 << 20
 
 
 def parse_args(*argv: str) -> argparse.Namespace:

@@ -53,6 +53,7 @@ from typing import Any
 
 from ..codec import Codec, DecodeError, EncodeError, KinspectError, Struct, Versions
 from ..codec.compiler import ForeignTag, write_uvarint
+from ..codec.frames import DEFAULT_MAX_FRAME
 from ..codec.spec import FieldSpec, MessageSpec, StructSpec, uuid_from_text
 from ..codec.values import copy_value, struct_class, tag_written
 from ..codec.versions import ALL, NONE
@@ -68,6 +69,9 @@ MAX_TAG = (1 << 31) - 1
 #: beyond those a spec defines (the pairs come from request headers, which a client
 #: may fill with anything)
 _INDEX_MAX = 4096
+#: most payload bytes all rules together may hold (one payload is at most 64 MiB):
+#: a few lines of ``size=64MiB`` rules cannot take gigabytes at start-up
+MAX_PAYLOAD_TOTAL = 256 << 20
 
 _DIRECTIONS = {"request": REQUEST, "req": REQUEST, "requests": REQUEST,
                "response": RESPONSE, "resp": RESPONSE, "responses": RESPONSE}
@@ -469,10 +473,10 @@ class Rule:
             return
         yield from iter_targets(msg.body, self.steps, version)
 
-    def apply(self, msg: Any, version: int, spec_struct: StructSpec | None) -> bool:
+    def apply(self, msg: Any, version: int, spec_struct: StructSpec | None) -> int:
         """Apply to a decoded Request/Response at ``version``; ``spec_struct`` is the
-        spec of the target structs. Returns whether anything changed."""
-        changed = False
+        spec of the target structs. Returns how many structs changed (0: none)."""
+        changed = 0
         known = known_tags(spec_struct, version) if spec_struct is not None else {}
         for obj in self.targets(msg, version):
             if self.action == "inject":
@@ -480,9 +484,9 @@ class Rule:
                     continue  # rejected at start-up when avoidable; never overwrite
                 # (a tag a field has at another version is written all the same)
                 obj.unknown_tags[ForeignTag(self.tag)] = self.payload
-                changed = True
+                changed += 1
             elif self.action == "strip":
-                changed |= self._strip(obj, known)
+                changed += self._strip(obj, known)
             else:
                 _, tag, value = self._set_values.get(msg.api_key, (None, -1, None))
                 f = known.get(tag)
@@ -490,7 +494,7 @@ class Rule:
                     continue  # not tagged at this version
                 setattr(obj, f.name, copy_value(value))
                 _add_present(obj, f.tag)
-                changed = True
+                changed += 1
         return changed
 
     def _strip(self, obj: Struct, known: dict[int, FieldSpec]) -> bool:
@@ -599,6 +603,21 @@ def _desc(kind: str, value: Any, data: bytes) -> str:
     return f"{kind}={shown}, {size}"
 
 
+class _PayloadBudget:
+    """Counts the payload bytes of rules as they are parsed, so the limit
+    (:data:`MAX_PAYLOAD_TOTAL`) is met before more is generated."""
+
+    def __init__(self) -> None:
+        self.total = 0
+
+    def add(self, rule: Rule) -> Rule:
+        self.total += len(rule.payload)
+        if self.total > MAX_PAYLOAD_TOTAL:
+            raise RuleError(f"{rule.label}: the rules' payloads come to more than "
+                            f"{MAX_PAYLOAD_TOTAL >> 20} MiB together")
+        return rule
+
+
 def parse_flag(action: str, text: str, label: str | None = None) -> Rule:
     """Parse an ``--inject`` or ``--strip`` flag (syntax in :data:`FLAG_SYNTAX`).
 
@@ -697,11 +716,12 @@ def rule_from_dict(d: Any, label: str) -> Rule:
         raise RuleError(f"{label}: {e}") from None
 
 
-def load_rules_file(path: str | Path) -> list[Rule]:
+def load_rules_file(path: str | Path, _budget: _PayloadBudget | None = None) -> list[Rule]:
     """Read a json5 rules file: a list of rules or ``{rules: [...]}``.
 
     Raises:
-        RuleError: unreadable file, bad json5 or a bad rule.
+        RuleError: unreadable file, bad json5, a bad rule, or payloads coming to
+            more than :data:`MAX_PAYLOAD_TOTAL` together.
     """
     import json5
 
@@ -720,7 +740,8 @@ def load_rules_file(path: str | Path) -> list[Rule]:
         doc = doc.get("rules", [])
     if not isinstance(doc, list):
         raise RuleError(f"{p}: expected a list of rules or {{rules: [...]}}")
-    return [rule_from_dict(d, f"{p.name} #{i + 1}") for i, d in enumerate(doc)]
+    budget = _budget if _budget is not None else _PayloadBudget()
+    return [budget.add(rule_from_dict(d, f"{p.name} #{i + 1}")) for i, d in enumerate(doc)]
 
 
 # ---------------------------------------------------------------------------
@@ -734,15 +755,22 @@ class RuleSet:
         rules: parsed rules.
         codec: the codec whose specs the rules are checked against and frames
             decoded with.
+        max_frame: largest frame the rules may make, bytes (the proxy's own limit,
+            Kafka's ``socket.request.max.bytes``; :meth:`install` takes the proxy's).
+            A frame that injected payloads would grow past it is forwarded
+            unchanged and counted under ``errors``, before it is re-encoded.
 
     Raises:
         RuleError: every problem found by :meth:`validate`, when ``validate=True``.
     """
 
-    def __init__(self, rules: list[Rule], codec: Codec, *, validate: bool = True):
+    def __init__(self, rules: list[Rule], codec: Codec, *, validate: bool = True,
+                 max_frame: int = DEFAULT_MAX_FRAME):
         self.rules = list(rules)
         self.codec = codec
+        self.max_frame = max_frame
         self.errors = 0
+        self.injected = 0
         self._index: dict[tuple[str, int, int], tuple[tuple[Rule, bool], ...]] = {}
         self._struct_cache: dict[tuple[int, str, int], StructSpec | None] = {}
         if validate:
@@ -930,11 +958,14 @@ class RuleSet:
 
         Counts ``matched``/``non_flexible``/``no_target``/``applied`` per rule and
         returns the rules that changed something. ``notes`` (e.g. ``flow.notes``)
-        gets one line per applied rule.
+        gets one line per applied rule. :attr:`injected` is then the bytes the
+        injected tagged fields add to the message, at most (payload plus tag and
+        length, per struct).
         """
         version = msg.api_version
         body_version = getattr(msg, "body_version", version)
         changed = []
+        self.injected = 0
         for r, can_act in self.matching(direction, msg.api_key, version):
             r.stats.matched += 1
             if not can_act or (r.kind != "header" and body_version != version):
@@ -947,7 +978,10 @@ class RuleSet:
                 r.stats.no_target += 1
                 continue
             st = self._target_struct(r, direction, msg.api_key)
-            if r.apply(msg, version, st):
+            n = r.apply(msg, version, st)
+            if n:
+                if r.action == "inject":  # tag and length: two unsigned varints, 5 B each
+                    self.injected += n * (len(r.payload) + 10)
                 r.stats.applied += 1
                 changed.append(r)
                 if notes is not None:
@@ -1001,7 +1035,7 @@ class RuleSet:
         except DecodeError as e:
             self._note_error(flow, rules, "decode the request", e)
             return None
-        return self._finish(flow, req, REQUEST, rules)
+        return self._finish(flow, req, REQUEST, rules, len(frame))
 
     def mutate_response(self, flow: Any, frame: bytes) -> bytes | None:
         """The proxy's ``response_mutator``: ``(flow, frame) -> bytes | None``
@@ -1019,15 +1053,20 @@ class RuleSet:
         except DecodeError as e:
             self._note_error(flow, rules, "decode the response", e)
             return None
-        return self._finish(flow, resp, RESPONSE, rules)
+        return self._finish(flow, resp, RESPONSE, rules, len(frame))
 
-    def _finish(self, flow: Any, msg: Any, direction: str, rules: tuple) -> bytes | None:
+    def _finish(self, flow: Any, msg: Any, direction: str, rules: tuple,
+                size: int) -> bytes | None:
         notes = flow.notes if flow is not None else None
         changed: list[Rule] = []
         try:
             changed = self.apply(msg, direction, notes)
             if not changed:
                 return None
+            if size + self.injected > self.max_frame:
+                raise RuleError(f"the injected tagged fields would make it up to "
+                                f"{size + self.injected} bytes, more than the largest "
+                                f"frame ({self.max_frame})")
             if direction == REQUEST:
                 return self.codec.encode_request(msg)
             return self.codec.encode_response(msg)
@@ -1052,7 +1091,10 @@ class RuleSet:
 
     def install(self, proxy: Any) -> None:
         """Set ``proxy.request_mutator`` / ``response_mutator`` only when there are rules
-        for that direction (so the other direction keeps the fast path)."""
+        for that direction (so the other direction keeps the fast path), and take the
+        proxy's largest frame (``proxy.config.max_frame``) as :attr:`max_frame`."""
+        config = getattr(proxy, "config", None)
+        self.max_frame = getattr(config, "max_frame", self.max_frame)
         if self.request_rules:
             proxy.request_mutator = self.mutate_request
         if self.response_rules:
@@ -1118,13 +1160,15 @@ def rules_from_args(args: argparse.Namespace) -> list[Rule]:
     """The rules given by ``--rules``, ``--inject`` and ``--strip`` (in that order).
 
     Raises:
-        RuleError: a bad file or flag.
+        RuleError: a bad file or flag, or payloads coming to more than
+            :data:`MAX_PAYLOAD_TOTAL` together.
     """
     rules: list[Rule] = []
+    budget = _PayloadBudget()
     for path in getattr(args, "rules", None) or []:
-        rules.extend(load_rules_file(path))
+        rules.extend(load_rules_file(path, budget))
     for i, text in enumerate(getattr(args, "inject", None) or []):
-        rules.append(parse_flag("inject", text, f"--inject #{i + 1}"))
+        rules.append(budget.add(parse_flag("inject", text, f"--inject #{i + 1}")))
     for i, text in enumerate(getattr(args, "strip", None) or []):
         rules.append(parse_flag("strip", text, f"--strip #{i + 1}"))
     return rules
