@@ -25,10 +25,11 @@ shared by ``kinspect proxy --capture``, ``show``, ``export``, replay and analysi
 
 Readers ignore unknown ``type`` values, extra keys and blank lines. On frame and
 conn lines, ``conn``, ``flow``, ``api_key``, ``api_version`` and ``correlation_id``
-hold JSON integers when present and ``ts_ns`` an integer or ``null`` (not known, as
-when it is absent); any other value is a :class:`CaptureError` naming the file and
-line, for every reader (``show``, ``export``, ``replay``, ``serve``, ``analyze``;
-``kinspect decode --jsonl`` makes such a line an error line).
+hold JSON integers when present (of 64 bits; 32 for the last three) and ``ts_ns`` a
+64-bit integer or ``null`` (not known, as when it is absent); any other value is a
+:class:`CaptureError` naming the file and line, for every reader (``show``,
+``export``, ``replay``, ``serve``, ``analyze``; ``kinspect decode --jsonl`` makes such
+a line an error line).
 
 Writers: :class:`CaptureWriter` writes in-process (library use, tests);
 ``kinspect proxy --capture`` uses :class:`~kinspect.capture_process.CaptureProcess`,
@@ -930,8 +931,11 @@ def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
 
 
 #: keys of frame and conn lines that must hold integers when present (``ts_ns`` may
-#: also be null: not known)
+#: also be null: not known), and the bits they have (as ``kinspect analyze`` reads
+#: them into Spark; api key, api version and correlation id are at most 32 on the wire)
 _INT_KEYS = ("conn", "ts_ns", "flow", "api_key", "api_version", "correlation_id")
+_INT_BITS = {"conn": 64, "ts_ns": 64, "flow": 64, "api_key": 32, "api_version": 32,
+             "correlation_id": 32}
 
 
 _STR_KEYS = ("dir", "client", "upstream", "event")
@@ -948,6 +952,9 @@ def _bad_value(rec: dict[str, Any]) -> str | None:
             continue  # absent (or a null ts_ns, flow id...: not known)
         if type(v) is not int:
             return f"{key!r} must be an integer, got {json.dumps(v)}"
+        bits = _INT_BITS[key]
+        if not -(1 << (bits - 1)) <= v < 1 << (bits - 1):
+            return f"{key!r} must be a {bits}-bit integer, got {v}"
     for key in _STR_KEYS:
         v = rec.get(key)
         if v is not None and type(v) is not str:

@@ -13,6 +13,7 @@ import gzip
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -475,8 +476,12 @@ def test_a_corrupt_line_is_an_error_in_both_engines_and_a_torn_last_line_a_warni
         "cut.jsonl": lines[:i] + [lines[i][: len(lines[i]) // 2] + b"\n"] + lines[i + 1:],
         "strconn.jsonl": lines[:i] + [lines[i].replace(b'"conn":', b'"conn":"', 1)
                                       .replace(b',"dir"', b'","dir"', 1)] + lines[i + 1:],
+        # an integer beyond 64 bits: Spark cannot hold it, the reference refuses it too
+        "bigts.jsonl": lines[:i] + [re.sub(rb'"ts_ns":\d+', b'"ts_ns":%d' % 2**70, lines[i],
+                                           count=1)] + lines[i + 1:],
     }
     assert json.loads(cases["strconn.jsonl"][i])["conn"].isdigit()
+    assert json.loads(cases["bigts.jsonl"][i])["ts_ns"] == 2**70
     for name, content in cases.items():
         d = tmp_path / name.split(".")[0]
         d.mkdir()

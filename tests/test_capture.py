@@ -1159,13 +1159,17 @@ def _edited_example(tmp_path: Path, edit) -> Path:
 @pytest.mark.parametrize("key,value", [("conn", "c1"), ("conn", None), ("conn", 1.5),
                                        ("ts_ns", "yesterday"), ("flow", "7"),
                                        ("api_key", True), ("client", 5), ("upstream", ["a"]),
-                                       ("dir", 1), ("flags", [1, None]), ("flags", "mutated")])
+                                       ("dir", 1), ("flags", [1, None]), ("flags", "mutated"),
+                                       # past what Spark reads (analyze): 64 bits, 32 bits
+                                       ("ts_ns", 2**70), ("ts_ns", -10**400), ("conn", 2**63),
+                                       ("api_key", 2**31), ("correlation_id", -2**31 - 1)])
 def test_a_frame_line_with_a_value_of_the_wrong_type_is_an_error_naming_its_line(
         tmp_path, key, value, capsys):
-    """Capture ids are JSON integers (as ``decode --jsonl`` also requires), addresses
-    and the direction strings, flags a list of strings: another value is a
-    CaptureError naming the file and line, for every reader (not a TypeError out of
-    show's sorting or an export's packet comment)."""
+    """Capture ids are JSON integers (as ``decode --jsonl`` also requires) of 64 bits
+    (32 for the api key, version and correlation id), addresses and the direction
+    strings, flags a list of strings: another value is a CaptureError naming the file
+    and line, for every reader (not a TypeError out of show's sorting or an export's
+    packet comment, nor an OverflowError out of show's clock or replay's pacing)."""
     path = _edited_example(tmp_path, lambda r: r.__setitem__(key, value))
     with pytest.raises(CaptureError) as e:
         load_capture(path, CODEC)

@@ -464,10 +464,6 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     return pairs
 
 
-#: keys of frame and conn lines that must hold integers (kinspect.capture._INT_KEYS)
-_INT_KEYS = ("conn", "ts_ns", "flow", "api_key", "api_version", "correlation_id")
-
-
 def _check_lines(raw, lines) -> list:
     """Read the capture lines once on the executors for what the driver must know
     before pairing, and return the session lines (few) it collected.
@@ -483,7 +479,7 @@ def _check_lines(raw, lines) -> list:
 
     from pyspark.sql import functions as F
 
-    from kinspect.capture import CaptureError, CaptureWarning
+    from kinspect.capture import CaptureError, CaptureWarning, _bad_value
 
     corrupt = F.col("r._corrupt").isNotNull() & (F.trim(F.col("value")) != "")
     not_json = corrupt & F.col("r.type").isNull()
@@ -500,13 +496,11 @@ def _check_lines(raw, lines) -> list:
             except ValueError:
                 raise CaptureError("a line other than the last is not a JSON object "
                                    f"({r['value'][:60]!r}...)", r["file"]) from None
-            key = next((k for k in _INT_KEYS if rec.get(k) is not None
-                        and type(rec.get(k)) is not int), None)
-            if key is None:  # e.g. an integer beyond 64 bits, a frame that is no string
+            why = _bad_value(rec) if isinstance(rec, dict) else None
+            if why is None:  # e.g. a frame that is no string
                 raise CaptureError(f"a value of the wrong type: {r['value'][:80]!r}",
                                    r["file"])
-            raise CaptureError(f"{key!r} must be an integer, got {json.dumps(rec[key])}",
-                               r["file"])
+            raise CaptureError(why, r["file"])
     torn = [r for r in marked if r["not_json"]]
     if torn:
         files = sorted({r["file"] for r in torn})
