@@ -43,7 +43,7 @@ from typing import Any, Iterable
 from .codec import Codec, DecodeError, EncodeError, KinspectError
 from .codec.frames import DEFAULT_MAX_FRAME
 from .codec.protocol import API_VERSIONS, Request, Response
-from .codec.records import decode_records
+from .codec.records import DEFAULT_MAX_DECOMPRESSED, DEFAULT_MAX_RECORDS, decode_records
 from .codec.values import Struct
 from .flows import SASL_TOKEN, UNPAIRED, Flow
 from .proxy.rewrite import AddressRewriter
@@ -85,9 +85,25 @@ class Candidate:
         self.uses = 0
 
 
-def _normalize(s: Struct, api: str, rules: IgnoreRules, keypath: str = "") -> tuple:
+class _RecordsBudget:
+    """What decoding the records fields of one body may cost together: the records
+    built and the bytes decompressed (the limits of one ``decode_records`` call).
+    A request with many partitions cannot multiply them."""
+
+    __slots__ = ("records", "decompressed")
+
+    def __init__(self) -> None:
+        self.records = DEFAULT_MAX_RECORDS
+        self.decompressed = DEFAULT_MAX_DECOMPRESSED
+
+
+def _normalize(s: Struct, api: str, rules: IgnoreRules, keypath: str = "",
+               budget: _RecordsBudget | None = None) -> tuple:
     """A hashable form of a body without its volatile fields; records reduced to
-    their records' ``(key, value, headers)``."""
+    their records' ``(key, value, headers)`` while ``budget`` lasts (a new one per
+    body), then kept as bytes."""
+    if budget is None:
+        budget = _RecordsBudget()
     out = []
     for f in s._spec.fields:
         kp = f"{keypath}.{f.name}" if keypath else f.name
@@ -98,13 +114,18 @@ def _normalize(s: Struct, api: str, rules: IgnoreRules, keypath: str = "") -> tu
             out.append(None)
         elif f.struct is not None:
             if f.is_array:
-                out.append(tuple(_normalize(x, api, rules, kp) for x in v))
+                out.append(tuple(_normalize(x, api, rules, kp, budget) for x in v))
             else:
-                out.append(_normalize(v, api, rules, kp))
+                out.append(_normalize(v, api, rules, kp, budget))
         elif f.element_type == "records" and not f.is_array:
             try:
-                rs = decode_records(v)
-                out.append(tuple((r.key, r.value, tuple(r.headers)) for r in rs.iter_records()))
+                rs = decode_records(v, max_records=budget.records,
+                                    max_decompressed=budget.decompressed)
+                records = tuple((r.key, r.value, tuple(r.headers)) for r in rs.iter_records())
+                budget.records = max(0, budget.records - len(records))
+                budget.decompressed -= sum(b.uncompressed_size for b in rs.batches
+                                           if b.compression != "none")
+                out.append(records)
             except DecodeError:
                 out.append(bytes(v))
         elif isinstance(v, list):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import struct
+import tracemalloc
 import zlib
 
 import cramjam
@@ -731,6 +732,39 @@ def test_zstd_bomb_without_content_size_default_cap():
     batch = v2_plain([(TS0, None, b"x", [])])
     err = _expect_error(rebuild_v2(batch, ZSTD, comp))
     assert "max_decompressed" in err.reason
+
+
+_EMPTY_RECORD = bytes([12, 0, 0, 0, 1, 1, 0])  # length 6, attrs, deltas 0, null key/value, 0 headers
+
+
+def test_many_records_from_a_small_compressed_payload_are_refused_before_built():
+    """1.4 KB of zstd held 2.3 million empty records: each a Python object, 450 MB
+    for ``kinspect show``. Past ``max_records`` (raised to what the bytes could hold
+    uncompressed) it is a DecodeError at the batch's count, before any is built."""
+    n = 300_000
+    comp = bytes(cramjam.zstd.compress(_EMPTY_RECORD * n, level=19))
+    data = rebuild_v2(v2_plain([(TS0, None, b"x", [])]), ZSTD, comp, count=n)
+    assert len(data) < 2_000
+    tracemalloc.start()
+    try:
+        err = _expect_error(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert "max_records" in err.reason and err.offset == 57 and err.path == "batches[0]"
+    assert peak < 16 << 20, peak  # the 2 MB payload decompressed, no records
+    assert decode_records(data, max_records=n).record_count == n
+    # uncompressed, as many records as the bytes hold are always decoded
+    plain = rebuild_v2(data, NONE, _EMPTY_RECORD * n, count=n)
+    assert decode_records(plain, max_records=10).record_count == n
+
+
+def test_max_records_counts_legacy_inner_messages_across_batches():
+    wrapper = build(1, GZIP, [(TS0, None, b"", [])] * 50)
+    assert len(wrapper + wrapper) // 7 < 60
+    assert decode_records(wrapper + wrapper, max_records=100).record_count == 100
+    err = _expect_error(wrapper + wrapper, max_records=60)
+    assert "max_records" in err.reason and err.path == "batches[1].records[10]"
 
 
 def test_decompression_budget_is_per_call():

@@ -83,6 +83,12 @@ __all__ = [
 #: :func:`decode_records` call may produce (64 MiB).
 DEFAULT_MAX_DECOMPRESSED = 64 * 1024 * 1024
 
+#: Default cap on the records one :func:`decode_records` call builds out of
+#: compressed payloads beyond what the bytes given could hold uncompressed (each
+#: record is a Python object of some hundred bytes, a record on the wire 7 bytes
+#: at least): 1.4 KB of zstd otherwise built 2.3 million records.
+DEFAULT_MAX_RECORDS = 200_000
+
 #: Compression codec id (attributes & 0x07) -> name.
 COMPRESSION_NAMES = {0: "none", 1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 
@@ -1114,12 +1120,25 @@ def _legacy_message(buf: bytes, pos: int, end: int):
 
 
 class _Decoder:
-    __slots__ = ("data", "mv", "budget")
+    __slots__ = ("data", "mv", "budget", "records_left", "max_records")
 
-    def __init__(self, data: bytes, max_decompressed: int):
+    def __init__(self, data: bytes, max_decompressed: int, max_records: int):
         self.data = data
         self.mv = memoryview(data)
         self.budget = max_decompressed
+        # uncompressed, the bytes bound the records already (7 bytes each at least)
+        self.max_records = max(max_records, len(data) // _MIN_V2_RECORD)
+        self.records_left = self.max_records
+
+    def _take_records(self, n: int, offset: int, path: str) -> None:
+        if n > self.records_left:
+            raise self._error(
+                f"more than {self.max_records} records in one records field (max_records)",
+                offset,
+                "records within max_records",
+                path,
+            )
+        self.records_left -= n
 
     # -- helpers ---------------------------------------------------------
     def _error(self, reason: str, offset: int, expected: str, path: str) -> DecodeError:
@@ -1230,6 +1249,7 @@ class _Decoder:
             if not crc_valid:
                 reason += " (batch CRC mismatch)"
             raise self._error(reason, payload_start - 4, "record count (int32)", path)
+        self._take_records(count, payload_start - 4, path)
         try:
             records, rpos = _v2_records(
                 buf, rpos, rend, count, base_offset, base_ts, max_ts if log_append else None, is_control
@@ -1333,6 +1353,7 @@ class _Decoder:
                     )
                 if log_append:
                     its = ts
+                self._take_records(1, vpos, f"{path}.records[{len(records)}]")
                 records.append(Record(ioff, its, ikey, ival, [], iattrs, None, icrc == icrc_c))
                 ipos = ipos_next
             if not records:
@@ -1390,6 +1411,7 @@ def decode_records(
     data: bytes | bytearray | memoryview | None,
     *,
     max_decompressed: int = DEFAULT_MAX_DECOMPRESSED,
+    max_records: int = DEFAULT_MAX_RECORDS,
 ) -> RecordSet:
     """Decode a Kafka ``records`` field.
 
@@ -1399,6 +1421,10 @@ def decode_records(
         max_decompressed: cap on the total bytes all compressed payloads of this
             call may decompress to (default 64 MiB); exceeding it raises
             :class:`DecodeError` (decompression-bomb guard).
+        max_records: cap on the records this call builds (default 200,000), raised
+            to what ``data`` could hold uncompressed (a record takes 7 bytes at
+            least); more is a :class:`DecodeError` before they are built (a small
+            compressed payload of empty records must not cost gigabytes of objects).
 
     Returns:
         A :class:`RecordSet`. A truncated last batch becomes ``partial``.
@@ -1412,12 +1438,12 @@ def decode_records(
     Formats: KIP-98 / Kafka protocol guide "Record Batch" (magic 2) and
     "Message Sets" (magic 0 and 1).
     """
-    if max_decompressed < 0:
-        raise ValueError("max_decompressed must be >= 0")
+    if max_decompressed < 0 or max_records < 0:
+        raise ValueError("max_decompressed and max_records must be >= 0")
     if data is None:
         return RecordSet(is_null=True)
     if not isinstance(data, bytes):
         if not isinstance(data, (bytearray, memoryview)):
             raise TypeError(f"records data must be bytes-like or None, not {type(data).__name__}")
         data = bytes(data)
-    return _Decoder(data, max_decompressed).run()
+    return _Decoder(data, max_decompressed, max_records).run()
