@@ -393,6 +393,33 @@ def test_listeners_keep_their_backlog_for_a_burst_of_connections(tansu, loop):
     assert backlog == min(BACKLOG, somaxconn) > 100
 
 
+async def test_a_response_naming_more_brokers_than_listeners_left_is_forwarded_unchanged():
+    """Port-per-broker binds a listener for every broker address a response names: a
+    broker naming thousands took the proxy to its file descriptor limit, and new
+    clients were reset. Past ``max_listeners`` (the bootstrap listener counted) the
+    response is not rewritten (the connection logs it and forwards the bytes as
+    they came); the listeners made before stay, no more are bound."""
+    from kinspect.codec.protocol import Response
+    from kinspect.proxy.server import ListenerLimitError
+
+    c = codec()
+    body = c.response_codec(3).cls.from_dict({"Brokers": [
+        {"NodeId": i, "Host": "127.0.0.1", "Port": 20000 + i} for i in range(10)]})
+    frame_ = c.encode_response(Response(3, 1, 7, 0, None, body, 0, "Metadata", 1))
+    fds = len(os.listdir("/proc/self/fd"))
+    async with running_proxy("127.0.0.1:9", max_listeners=4) as (proxy, _rec):
+        with pytest.raises(ListenerLimitError, match="max_listeners"):
+            proxy.rewrite_response(3, 1, frame_)
+        assert len(proxy.listeners) == 4
+        assert len(os.listdir("/proc/self/fd")) <= fds + 4 + 8  # + the loop's own
+        with pytest.raises(ListenerLimitError):  # and so on for every such response
+            proxy.rewrite_response(3, 1, frame_)
+        assert len(proxy.listeners) == 4
+    async with running_proxy("127.0.0.1:9", max_listeners=11) as (proxy, _rec):
+        new, _ = proxy.rewrite_response(3, 1, frame_)
+        assert new is not None and len(proxy.listeners) == 11
+
+
 # ---------------------------------------------------------------------------
 # broker killed and restarted
 # ---------------------------------------------------------------------------

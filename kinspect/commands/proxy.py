@@ -40,6 +40,9 @@ def _add_view_options(p: argparse.ArgumentParser) -> None:
                         "host, or 127.0.0.1 for a wildcard listen address)")
     p.add_argument("--no-rewrite", action="store_true",
                    help="do not rewrite broker addresses (clients may then bypass the proxy)")
+    p.add_argument("--max-listeners", type=positive_int, default=256, metavar="N",
+                   help="most listeners, one per broker address the responses name "
+                        "(default 256); a response naming more is forwarded unchanged")
     add_spec_options(p)
     _optional_options(p)
 
@@ -90,7 +93,8 @@ def _build(args: argparse.Namespace, upstream: tuple[str, int], listen: tuple[st
 
     codec = make_codec(args)
     config = ProxyConfig(upstream=upstream, listen=listen, advertise_host=args.advertise_host,
-                         rewrite=not args.no_rewrite, max_frame=args.max_frame)
+                         rewrite=not args.no_rewrite, max_frame=args.max_frame,
+                         max_listeners=args.max_listeners)
     pipeline = Pipeline(codec, decode=not args.no_decode)
     proxy = Proxy(config, codec, pipeline)
     return proxy, codec

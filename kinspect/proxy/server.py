@@ -127,6 +127,11 @@ class ProxyConfig:
         rewrite: rewrite broker addresses (port-per-broker); on by default.
         max_frame: largest frame accepted, bytes (Kafka's socket.request.max.bytes).
         connect_timeout: seconds allowed to reach a broker.
+        max_listeners: most listeners, the bootstrap one included (one per broker
+            address the responses name, port-per-broker): a response naming more
+            brokers than are left is forwarded unchanged and logged
+            (:class:`ListenerLimitError`), so a broker cannot make the proxy bind
+            sockets until it has no file descriptor left for its clients.
     """
 
     upstream: tuple[str, int]
@@ -135,6 +140,12 @@ class ProxyConfig:
     rewrite: bool = True
     max_frame: int = DEFAULT_MAX_FRAME
     connect_timeout: float = 10.0
+    max_listeners: int = 256
+
+
+class ListenerLimitError(KinspectError):
+    """A response names more broker addresses than :attr:`ProxyConfig.max_listeners`
+    leaves listeners for."""
 
 
 @dataclass
@@ -644,10 +655,18 @@ class Proxy:
 
         The socket is bound and listening before this returns, so a rewritten
         address is connectable at once; serving starts on the event loop.
+
+        Raises:
+            ListenerLimitError: :attr:`ProxyConfig.max_listeners` listeners exist.
+            OSError: no port can be bound.
         """
         lst = self.listeners.get(upstream)
         if lst is not None:
             return lst
+        if len(self.listeners) >= self.config.max_listeners:
+            raise ListenerLimitError(
+                f"broker {upstream[0]}:{upstream[1]} needs a listener, and all "
+                f"{self.config.max_listeners} are taken (max_listeners)")
         base = self.bootstrap.port
         sock = None
         for cand in range(base + 1, base + 1 + 64):
