@@ -571,6 +571,46 @@ async def test_broker_restarted_repeatedly(tmp_path, unique):
 
 
 # ---------------------------------------------------------------------------
+# a broker that does not read: requests waiting for answers are bounded
+# ---------------------------------------------------------------------------
+
+async def test_requests_waiting_for_answers_are_bounded_then_all_answered(tansu):
+    """A broker that reads nothing (frozen here) while a client pipelines requests:
+    each forwarded request is a tracked flow, and 500,000 small ones cost the proxy
+    385 MB. Past MAX_INFLIGHT waiting for answers the proxy stops reading the client
+    (whose requests then wait in its own socket); once the broker answers, reading
+    resumes and every request is answered, in order, with its correlation id."""
+    from kinspect.proxy.server import HOLD_INFLIGHT, MAX_INFLIGHT
+
+    n = 3 * MAX_INFLIGHT
+    async with running_proxy(tansu.bootstrap) as (proxy, _rec):
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        writer.write(frame(api_versions(0)))  # the connection is up and answered
+        (size,) = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 20))
+        await reader.readexactly(size)
+        [conn] = proxy.connections
+        os.kill(tansu.pid, signal.SIGSTOP)
+        try:
+            writer.write(b"".join(frame(api_versions(i)) for i in range(1, n + 1)))
+            await wait_for(lambda: conn.client_hold & HOLD_INFLIGHT,
+                           what="the proxy to stop reading the client")
+            await asyncio.sleep(0.3)  # it reads no more meanwhile
+            proxy.settle()
+            waiting = len(conn.tracker.inflight)
+            assert MAX_INFLIGHT <= waiting < 2 * MAX_INFLIGHT, waiting
+            assert conn.client_hold & HOLD_INFLIGHT
+        finally:
+            os.kill(tansu.pid, signal.SIGCONT)
+        corrs = []
+        for _ in range(n):
+            (size,) = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 20))
+            corrs.append(corr_of(await reader.readexactly(size)))
+        assert corrs == list(range(1, n + 1))
+        assert not conn.client_hold & HOLD_INFLIGHT and not conn.tracker.inflight
+        writer.close()
+
+
+# ---------------------------------------------------------------------------
 # slow consumer: backpressure
 # ---------------------------------------------------------------------------
 

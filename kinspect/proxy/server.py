@@ -90,6 +90,14 @@ BACKLOG = 1024
 HOLD_FLOW = 1         # the other side cannot take more (transport flow control)
 HOLD_PIPELINE = 2     # the pipeline is too far behind (Proxy.overload)
 HOLD_CONNECTING = 4   # the broker connection is not up yet
+HOLD_INFLIGHT = 8     # MAX_INFLIGHT requests wait for their answers
+#: requests of one connection waiting for their answers beyond which the proxy stops
+#: reading the client, until half of them are answered: each is a tracked flow (some
+#: 800 bytes however small the frame), and a broker that does not read or answer
+#: must not make the proxy hold them without limit. Kafka brokers read one request
+#: of a connection at a time (the rest wait in the socket), so this is far beyond
+#: what a client gains by sending ahead.
+MAX_INFLIGHT = 1024
 
 
 def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -949,6 +957,23 @@ class Connection:
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         self._requests(events, error)
+        if len(self.tracker.inflight) >= MAX_INFLIGHT:
+            self._inflight_check()
+
+    def _inflight_check(self) -> None:
+        """Many requests may be waiting for answers: stop reading the client while
+        :data:`MAX_INFLIGHT` do (counted once the frames of the short path are paired)."""
+        if not self.client_hold & HOLD_INFLIGHT and not self.closed:
+            self.proxy.settle()
+            if len(self.tracker.inflight) >= MAX_INFLIGHT:
+                self.pause_client(HOLD_INFLIGHT)
+
+    def _inflight_answered(self) -> None:
+        """Answers came while reading the client is held for :data:`MAX_INFLIGHT`:
+        read again once half of them are answered."""
+        self.proxy.settle()
+        if len(self.tracker.inflight) <= MAX_INFLIGHT // 2:
+            self.resume_client(HOLD_INFLIGHT)
 
     def _requests(self, events: list, error: FrameSizeError | None) -> None:
         proxy = self.proxy
@@ -1021,6 +1046,8 @@ class Connection:
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         self._responses(events, error)
+        if self.client_hold & HOLD_INFLIGHT and not self.closed:
+            self._inflight_answered()
 
     def _responses(self, events: list, error: FrameSizeError | None) -> None:
         proxy = self.proxy
@@ -1417,6 +1444,8 @@ class _ClientSide(asyncio.Protocol):
                         # waiting, for a later request reusing it.)
                         apis[corr] = chk
                 proxy.pipeline.kick()  # as client_data does
+                if len(conn.unsettled) + len(conn.tracker.inflight) >= MAX_INFLIGHT:
+                    conn._inflight_check()
                 return
         conn.client_data(data)
         if cut.own is not None and not conn.closed:  # a large frame: read it in place
@@ -1555,6 +1584,8 @@ class _UpstreamSide(asyncio.Protocol):
                 proxy.unsettled_bytes += n
                 if proxy.unsettled_bytes >= BATCH_KICK:  # large answers waiting
                     proxy.pipeline.kick()
+                if conn.client_hold & HOLD_INFLIGHT:
+                    conn._inflight_answered()
                 return
         conn.upstream_data(data)
         if cut.own is not None and not conn.closed:  # a large frame: read it in place
