@@ -2402,6 +2402,46 @@ async def test_a_slow_pipeline_pauses_forwarding_instead_of_growing(tansu, uniqu
         await proxy.close()
 
 
+async def test_many_small_frames_weigh_their_flows_in_the_pipeline(tansu):
+    """Small frames cost their flows' memory, not their few bytes: 1.5 million
+    11-byte requests waited as 1.4 GB while the pipeline counted 16 MB, far below
+    ``pause_bytes``. Each waiting event counts ``EVENT_COST`` more, so 2,000 small
+    ApiVersions round trips behind a slow addon, whose frames all together are
+    fewer bytes than ``pause_bytes``, pause reading like large frames do, and every
+    one is still answered."""
+    from kinspect.proxy.pipeline import EVENT_COST, Pipeline
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    limit = 2 * MiB
+    pipeline = Pipeline(codec(), pause_bytes=limit)
+    slow = _SlowAddon(pipeline)
+    pipeline.add(slow)
+    proxy = Proxy(ProxyConfig(upstream=(host, int(port))), codec(), pipeline)
+    await proxy.start()
+    try:
+        async def client(i: int) -> int:
+            raw = await Raw.open(*proxy.address)
+            reqs = [api_versions(i * 10_000 + k) for k in range(1000)]
+            raw.send(*reqs)
+            size = 0
+            for q in reqs:
+                resp = await raw.read(timeout=30)
+                assert resp is not None and corr_of(resp) == req_corr(q)
+                size += 2 * len(q) + len(resp)  # a request event, a flow event
+            raw.close()
+            return size
+
+        sizes = await asyncio.gather(*(client(i + 1) for i in range(2)))
+        assert sum(sizes) < limit < sum(sizes) + 2000 * EVENT_COST  # the premise
+        await proxy.pipeline.drained()
+        assert slow.flows >= 2000
+        assert proxy.stats.overloads >= 1, "the backlog never reached pause_bytes"
+        assert slow.most_waiting <= limit + 2 * MiB, slow.most_waiting
+    finally:
+        await proxy.close()
+
+
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_a_connection_made_while_forwarding_is_paused_stays_paused_both_ways(tansu, loop):
     """The pipeline falls behind (``Proxy.overload``) while a new connection's broker
