@@ -1173,6 +1173,11 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
             api_version = rec.get("api_version")
             corr = rec.get("correlation_id")
             token = SASL_TOKEN in flags
+            if api_key is not None and api_key >= 0 and not token and len(frame) >= 8 and (
+                    api_version is None or corr is None):
+                _, v, cid = _HHI(frame, 0)  # the line names the api only: the header the rest
+                api_version = v if api_version is None else api_version
+                corr = cid if corr is None else corr
             if api_key is None:  # a capture of another tool: read the header
                 if len(frame) >= 8:
                     k, v, cid = _HHI(frame, 0)
@@ -1224,8 +1229,12 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 corr = rec.get("correlation_id")
                 if corr is None:
                     corr = int.from_bytes(frame[:4], "big", signed=True) if len(frame) >= 4 else -1
-                api_key = rec.get("api_key", -1)
-                flow = new_flow(fid, rec, api_key, rec.get("api_version", -1), corr,
+                # null, like absent: not known (-1)
+                api_key = rec.get("api_key")
+                api_key = -1 if api_key is None else api_key
+                api_version = rec.get("api_version")
+                api_version = -1 if api_version is None else api_version
+                flow = new_flow(fid, rec, api_key, api_version, corr,
                                 "Unpaired" if api_key < 0 else codec.api_name(api_key), b"", ts)
                 # its request is not in the file (e.g. a later rotated part): named
                 # when the line says what it answers, flagged either way

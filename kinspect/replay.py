@@ -6,8 +6,11 @@ redirection to other brokers is not followed, a replay is single-broker) and sen
 its requests in recorded order. Ordering follows the recording's causality: a
 request is sent once every response that had arrived (on any connection) before it
 was recorded has arrived again, so pipelined requests stay pipelined and a request
-that waited for an answer waits again. ``speed`` additionally spaces requests like
-the recording (``None``: as fast as the ordering allows).
+that waited for an answer waits again. Only responses to requests that come before
+it in the capture count (so a wall clock stepped back between a request and its
+response cannot make a request wait for itself, nor two connections wait for each
+other), and a connection's requests go in capture order. ``speed`` additionally
+spaces requests like the recording (``None``: as fast as the ordering allows).
 
 Each request gets a fresh correlation id, mapped back to its recorded flow. Every
 new response is compared with the recorded one through the codec
@@ -39,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import fnmatch
+import heapq
 import logging
 import struct
 import time
@@ -772,12 +776,58 @@ class _Conn:
         self.read_task: asyncio.Task | None = None
 
 
+class _DepCursor:
+    """Which recorded responses one connection's requests wait for, request by request.
+
+    A request waits for every response recorded (``response_ns``) before it, or before
+    an earlier request of its connection (they are sent in order), whose own request
+    comes strictly earlier in the capture (``seq``: position in capture order): every
+    wait points to an earlier flow, so no request can wait for itself and no waits can
+    form a cycle, whatever the timestamps say. A response passed over because its
+    request comes later is kept for the first later request of the connection that
+    comes after it.
+
+    Args:
+        by_resp: the flows whose responses are waited for, by ``(response_ns, seq)``.
+        seq: ``flow id -> position`` in capture order.
+    """
+
+    def __init__(self, by_resp: list[Flow], seq: dict[int, int]):
+        self.by_resp = by_resp
+        self.seq = seq
+        self.i = 0
+        self.ts: int | None = None
+        self.later: list[tuple[int, int, Flow]] = []   # heap: (seq, flow id, flow)
+
+    def before(self, flow: Flow) -> list[Flow]:
+        """The flows ``flow`` waits for, beyond those of the requests before it
+        (``before`` is called for each request of the connection, in capture order)."""
+        ts = flow.request_ns
+        self.ts = ts if self.ts is None or ts > self.ts else self.ts
+        me = self.seq[flow.id]
+        out: list[Flow] = []
+        later = self.later
+        while later and later[0][0] < me:
+            out.append(heapq.heappop(later)[2])
+        lst, seq, i = self.by_resp, self.seq, self.i
+        while i < len(lst) and lst[i].response_ns < self.ts:
+            g = lst[i]
+            if seq[g.id] < me:
+                out.append(g)
+            else:
+                heapq.heappush(later, (seq[g.id], g.id, g))
+            i += 1
+        self.i = i
+        return out
+
+
 class Replayer:
     """Replays recorded flows against one broker.
 
     Args:
         codec: decodes and encodes frames.
-        flows: recorded flows (decoded), e.g. :func:`load_flows`.
+        flows: recorded flows (decoded), in capture order (their order decides
+            which responses a request waits for), e.g. :func:`load_flows`.
         upstream: ``(host, port)`` of the broker every connection goes to.
         speed: replay speed relative to the recording (2.0 = twice as fast);
             ``None`` = as fast as the recorded ordering allows.
@@ -855,24 +905,36 @@ class Replayer:
         self._done: dict[int, asyncio.Event] = {}
         self._first_unexplained: FlowResult | None = None
         self._subject_cache: dict[int, set] = {}
+        # capture order; each connection's flows in it; responses waited for by time
+        self._seq = {f.id: n for n, f in enumerate(self.selected)}
+        self._conns: dict[int, list[Flow]] = {}
+        for f in self.selected:
+            self._conns.setdefault(f.conn, []).append(f)
+        self._by_resp = sorted((f for f in self.selected
+                                if f.response_ns is not None and expects_response(f)),
+                               key=lambda f: (f.response_ns, self._seq[f.id]))
+
+    def dependencies(self) -> dict[int, list[int]]:
+        """``flow id -> ids of the flows whose responses it waits for`` before it is
+        sent, for every selected flow (those an earlier request of its connection
+        already waited for are not repeated). Every id is of a flow that comes
+        earlier in ``flows``."""
+        out: dict[int, list[int]] = {}
+        for lst in self._conns.values():
+            cur = _DepCursor(self._by_resp, self._seq)
+            for f in lst:
+                out[f.id] = [g.id for g in cur.before(f)]
+        return out
 
     # -- main ------------------------------------------------------------------
     async def run(self) -> ReplayReport:
         t_start = time.monotonic()
         loop = asyncio.get_running_loop()
         self._done = {f.id: asyncio.Event() for f in self.selected}
-        self._by_resp = sorted((f for f in self.selected
-                                if f.response_ns is not None and expects_response(f)),
-                               key=lambda f: f.response_ns)
         t0 = min((f.request_ns for f in self.selected), default=0)
         self._wall0 = loop.time()
         self._t0 = t0
-        conns: dict[int, list[Flow]] = {}
-        for f in self.selected:
-            conns.setdefault(f.conn, []).append(f)
-        for lst in conns.values():
-            lst.sort(key=lambda f: (f.request_ns, f.id))
-        await asyncio.gather(*(self._run_conn(cid, lst) for cid, lst in conns.items()))
+        await asyncio.gather(*(self._run_conn(cid, lst) for cid, lst in self._conns.items()))
         for r in self._order:
             if r.status == SKIPPED and not r.explanation:
                 r.explanation = "not replayed"
@@ -880,18 +942,15 @@ class Replayer:
                             list(self.rules.patterns), self.notes, self.mapper.learned,
                             time.monotonic() - t_start)
 
-    async def _wait_deps(self, ts: int, idx: list[int]) -> None:
-        """Wait for every replayed response recorded before ``ts`` (causal order)."""
-        lst = self._by_resp
-        i = idx[0]
-        while i < len(lst) and lst[i].response_ns < ts:
-            await self._done[lst[i].id].wait()
-            i += 1
-        idx[0] = i
+    async def _wait_deps(self, flow: Flow, cur: _DepCursor) -> None:
+        """Wait for the replayed responses ``flow`` depends on (causal order,
+        :class:`_DepCursor`)."""
+        for g in cur.before(flow):
+            await self._done[g.id].wait()
 
     async def _run_conn(self, conn_id: int, flows: list[Flow]) -> None:
         conn = _Conn(conn_id)
-        idx = [0]
+        cur = _DepCursor(self._by_resp, self._seq)
         waiters: list[asyncio.Task] = []
         loop = asyncio.get_running_loop()
         try:
@@ -901,7 +960,7 @@ class Replayer:
                     delay = at - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
-                await self._wait_deps(f.request_ns, idx)
+                await self._wait_deps(f, cur)
                 res = self.results[f.id]
                 if conn.writer is None and conn.dead is None:
                     await self._connect(conn)

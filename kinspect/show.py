@@ -111,7 +111,9 @@ def format_time(ns: int | None) -> str:
     return _last_second[1] + f"{rest // 1_000_000:03d}"
 
 
-_last_second: tuple[int, str] = (-1, "")
+#: the last second formatted and its text (``None`` before the first: every int,
+#: -1 included, is a second a capture may hold)
+_last_second: tuple[int | None, str] = (None, "")
 
 
 def format_latency(ns: int | None) -> str:

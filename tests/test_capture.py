@@ -1198,6 +1198,87 @@ def test_a_null_ts_ns_means_not_known(tmp_path, capsys):
     assert "Traceback" not in capsys.readouterr().err
 
 
+def _flow_view(f: Flow) -> tuple:
+    return (f.id, f.conn, f.api_key, f.api_version, f.correlation_id, f.api_name,
+            sorted(f.flags), f.request, f.response, f.request_ns, f.response_ns)
+
+
+def _readers_work(path: Path, tmp_path: Path, capsys) -> None:
+    """show (table, json, one flow, a filter) and export (plain, filtered) read
+    ``path`` without a traceback."""
+    pcap = str(tmp_path / "x.pcapng")
+    for argv in (["show", str(path)], ["show", str(path), "--format", "json"],
+                 ["show", str(path), "--flow", "1"], ["show", str(path), "-f", "~v 1"],
+                 ["export", str(path), "--pcapng", pcap],
+                 ["export", str(path), "-f", "~all", "--pcapng", pcap]):
+        assert cli.main(argv) == 0, argv
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and "error" not in err, (argv, err)
+    assert b"vNone" not in Path(pcap).read_bytes()
+
+
+@pytest.mark.parametrize("key", ["api_key", "api_version", "correlation_id", "flow"])
+def test_a_null_id_on_a_frame_line_means_absent(tmp_path, key, capsys):
+    """A null api key, api version, correlation id or flow id reads as an absent one
+    (not known: from the frame header, by correlation id), for every reader."""
+    absent = tmp_path / "absent.jsonl"
+    _edited_example(tmp_path, lambda r: r.pop(key, None)).rename(absent)
+    null = _edited_example(tmp_path, lambda r: r.__setitem__(key, None))
+    flows = load_capture(null, CODEC).flows
+    assert [_flow_view(f) for f in flows] == [_flow_view(f) for f in
+                                              load_capture(absent, CODEC).flows]
+    if key != "flow":  # read from the headers: as recorded
+        assert [_flow_view(f) for f in flows] == [_flow_view(f) for f in
+                                                  load_capture(EXAMPLE, CODEC).flows]
+    records = [r for r in lines_of(null)]
+    assert len(flows_from_records(records, CODEC).flows) == len(flows)
+    _readers_work(null, tmp_path, capsys)
+
+
+def _unpaired_example(tmp_path: Path, name: str, **edit) -> Path:
+    """The example capture without the request of flow 1 and ``edit`` on its response,
+    as ``tmp_path / name``."""
+    out = tmp_path / name
+    lines = []
+    for r in lines_of(EXAMPLE):
+        if r.get("type") == "frame" and r.get("flow") == 1:
+            if r["dir"] == "req":
+                continue
+            r.update(edit)
+        lines.append(json.dumps(r) + "\n")
+    out.write_text("".join(lines))
+    return out
+
+
+@pytest.mark.parametrize("key", ["api_key", "api_version"])
+def test_a_null_id_on_an_unpaired_response_means_not_known(tmp_path, key, capsys):
+    """A response whose request is not in the capture, with a null api key or api
+    version: read as not known (-1, like an absent one), not a TypeError in show,
+    export, replay or serve's loading (nor "vNone" in an export)."""
+    path = _unpaired_example(tmp_path, "null.jsonl", **{key: None})
+    flows = load_capture(path, CODEC).flows
+    f = flows[0]
+    assert f.id == 1 and "unpaired" in f.flags and f.request == b"" and f.correlation_id == 1
+    assert getattr(f, key) == -1
+    if key == "api_key":
+        assert f.api_name == "Unpaired" and f.api_version == 4
+    else:
+        assert f.api_name == "ApiVersions" and "undecoded" in f.flags
+    absent = _unpaired_example(tmp_path, "absent.jsonl")
+    lines = [r for r in lines_of(absent)]
+    for r in lines:
+        if r.get("flow") == 1:
+            del r[key]
+    absent.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert _flow_view(load_capture(absent, CODEC).flows[0]) == _flow_view(f)
+    _readers_work(path, tmp_path, capsys)
+    # 1: the other flows fail (nothing listens there), not an error reading the capture
+    assert cli.main(["replay", str(path), "--upstream", "127.0.0.1:1", "--timeout", "2",
+                     "--as-fast-as-possible"]) in (0, 1)
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error:" not in err, err
+
+
 def test_captures_appended_to_each_other_keep_all_their_flows(tmp_path):
     """``cat a.jsonl b.jsonl``: the second capture numbers its flows and connections
     from 1 again; its flows must not overwrite the first capture's."""

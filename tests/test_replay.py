@@ -494,3 +494,91 @@ def test_a_broker_that_stops_answering_costs_one_timeout_per_connection(recorded
             assert r.error == (f"connection closed after flow #{first.flow.id} got no "
                                f"response within 1 s"), (conn, r.flow.id, r.error)
             assert r.correlation_id is None, (conn, r.flow.id)  # never sent
+
+
+def _timed_flows(times) -> list:
+    """ApiVersions flows ``(id, conn, request_ns, response_ns)``, in capture order."""
+    from kinspect.flows import Flow
+
+    out = []
+    for fid, conn, req_ns, resp_ns in times:
+        f = Flow(fid, conn, "127.0.0.1:5", "127.0.0.1:9092", 18, 3, fid, "ApiVersions",
+                 request_bytes(18, 3, fid, ClientSoftwareName="t",
+                               ClientSoftwareVersion="1"), req_ns)
+        f.response, f.response_ns = b"\x00\x00\x00\x01\x00\x00", resp_ns
+        out.append(f)
+    return out
+
+
+def _assert_well_founded(flows, deps) -> None:
+    """Every wait points to a flow earlier in capture order (so none is on itself and
+    none can close a cycle); each connection sends in capture order."""
+    seq = {f.id: n for n, f in enumerate(flows)}
+    assert set(deps) == set(seq)
+    for fid, waits in deps.items():
+        assert all(seq[g] < seq[fid] for g in waits), (fid, waits)
+
+
+def test_dependencies_follow_the_recorded_causality():
+    """A request waits for the responses recorded before it, on any connection, and
+    not for those recorded after it."""
+    flows = _timed_flows([(1, 1, 10, 20), (2, 2, 30, 40), (3, 1, 35, 50), (4, 2, 45, 60)])
+    deps = Replayer(codec(), flows, ("127.0.0.1", 1)).dependencies()
+    # 3 does not wait for 2 (answered at 40, after 35); 4 not again for 1 (2 waited)
+    assert deps == {1: [], 2: [1], 3: [1], 4: [2]}
+
+
+def test_a_response_recorded_before_its_request_is_not_waited_for():
+    """A wall clock stepped back between a request and its response (ts_ns of the
+    response earlier than the request's) must not make the request wait for itself."""
+    flows = _timed_flows([(1, 1, 100, 50)])
+    deps = Replayer(codec(), flows, ("127.0.0.1", 1)).dependencies()
+    assert deps == {1: []}
+
+
+def test_stepped_clocks_never_make_a_dependency_cycle():
+    """Whatever the timestamps (clocks stepped back and forth across connections),
+    every wait points to an earlier flow in capture order, and the responses passed
+    over on a connection are still waited for by its later requests."""
+    import random
+
+    rnd = random.Random(15)
+    for _ in range(200):
+        n = rnd.randint(1, 12)
+        flows = _timed_flows([(i + 1, rnd.randint(1, 3), rnd.randint(0, 20), rnd.randint(0, 20))
+                              for i in range(n)])
+        deps = Replayer(codec(), flows, ("127.0.0.1", 1)).dependencies()
+        _assert_well_founded(flows, deps)
+        seq = {f.id: k for k, f in enumerate(flows)}
+        by_conn: dict[int, list] = {}
+        for f in flows:
+            by_conn.setdefault(f.conn, []).append(f)
+        for lst in by_conn.values():
+            waited: set[int] = set()
+            ts = None
+            for f in lst:
+                waited |= set(deps[f.id])
+                ts = f.request_ns if ts is None else max(ts, f.request_ns)
+                want = {g.id for g in flows if g.response_ns < ts and seq[g.id] < seq[f.id]}
+                assert want <= waited, (f.id, want - waited)
+
+
+def test_replay_of_a_response_recorded_before_its_request_ends(tmp_path, free_port):
+    """The stepped clock case end to end, through a capture file: the replay ends
+    (every flow fails, nothing listens) instead of waiting forever on itself."""
+    c = codec()
+    flows = _timed_flows([(1, 1, 100, 50), (2, 2, 200, 150), (3, 1, 300, 120),
+                          (4, 2, 110, 400)])
+    path = tmp_path / "stepped.jsonl"
+    w = CaptureWriter(path, c, upstream="127.0.0.1:9092")
+    for f in flows:
+        w.write_frame(f, "req", f.request, None, f.request_ns)
+        w.write_frame(f, "resp", f.response, None, f.response_ns)
+    w.close()
+    loaded = load_flows(path, c)
+    assert [(f.request_ns, f.response_ns) for f in loaded] == [(100, 50), (200, 150),
+                                                               (300, 120), (110, 400)]
+    rep = Replayer(c, loaded, ("127.0.0.1", free_port), speed=None, timeout=2,
+                   connect_timeout=2)
+    report = asyncio.run(asyncio.wait_for(rep.run(), 30))
+    assert [r.status for r in report.results] == ["failed"] * 4

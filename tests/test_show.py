@@ -8,6 +8,7 @@ import base64
 import gc
 import io
 import json
+import os
 import re
 import struct
 import types
@@ -516,3 +517,30 @@ def test_a_byte_that_is_not_utf8_is_shown_as_that_byte():
     assert printable(name) == "k\\xff\\x9bs"
     assert printable("a\x9b[2Jb\x1b\u2028") == "a\\u009b[2Jb\\x1b\\u2028"
     assert printable("\U000e0001") == "\\U000e0001"  # a tag character: not printable
+
+
+def test_format_time_of_the_second_before_the_epoch(tmp_path):
+    """``ts_ns: -1`` is 23:59:59.999 (UTC) of the last day of 1969, not "999": the cache
+    of the last second formatted must not mistake -1 for its empty start (a fresh
+    process, so the cache is as it starts)."""
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TZ": "UTC"}
+    code = ("from kinspect.show import format_time; "
+            "print(format_time(-1), format_time(-1_000_000_000), format_time(1_000_000_000))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()
+    assert out == ["23:59:59.999", "23:59:59.000", "00:00:01.000"]
+    lines = [json.loads(x) for x in EXAMPLE.read_text().splitlines()]
+    for r in lines:
+        if r.get("type") == "frame":
+            r["ts_ns"] = -1
+    path = tmp_path / "neg.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    res = subprocess.run([sys.executable, "-m", "kinspect", "show", str(path)],
+                         env={**env, "COLUMNS": "250"}, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    rows = [x for x in res.stdout.splitlines() if x.startswith("│")]
+    assert rows and all("23:59:59.999" in x for x in rows), res.stdout
