@@ -1346,6 +1346,53 @@ def test_cut_through_forwards_every_byte_once_in_order():
     check()
 
 
+def test_cut_through_a_stream_cut_anywhere_leaves_its_unsent_bytes_to_pass_on():
+    """A side that stops mid-frame (a broker closing in the middle of a held
+    Metadata answer): what CutThrough emitted plus what it reports as ``unsent()``
+    is every byte fed, in order, wherever the stream was cut, held frames or not,
+    also with the frame under way read into a buffer of its own. The proxy passes
+    the unsent bytes on when the connection ends (the client got nothing of a held
+    answer before)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from kinspect.proxy.server import RAW, CutThrough
+
+    @settings(max_examples=400, deadline=None)
+    @given(st.lists(st.binary(max_size=300), min_size=1, max_size=6), st.sets(st.integers(0, 5)),
+           st.lists(st.integers(1, 900), max_size=10), st.integers(0, 2000), st.booleans())
+    def check(bodies, held, cuts, stop, own):
+        frames = [struct.pack(">i", i) + b[4:] if len(b) >= 4 else b for i, b in enumerate(bodies)]
+        stream = b"".join(frame(f) for f in frames)
+        stream = stream[:stop % (len(stream) + 1)]
+        cuts = sorted({c for c in cuts if 0 < c < len(stream)})
+        cutter = CutThrough(1 << 16, direct_min=64 if own else 1 << 20, direct_share=2)
+        out = bytearray()
+        for a, b in zip([0] + cuts, cuts + [len(stream)]):
+            if a == b:
+                continue
+            chunk = stream[a:b]
+            if cutter.own is not None:  # read into the frame's own buffer
+                while chunk:
+                    buf = cutter.read_buffer()
+                    k = min(len(buf), len(chunk))
+                    buf[:k] = chunk[:k]
+                    chunk = chunk[k:]
+                    events = cutter.read_done(k)
+                    for kind, x, was_held in events:
+                        out += x if kind == RAW else (frame(x) if was_held else b"")
+                    if cutter.own is None and chunk:
+                        break
+                if not chunk:
+                    continue
+            events = cutter.take(chunk, lambda corr: corr in held)
+            for kind, x, was_held in events:
+                out += x if kind == RAW else (frame(x) if was_held else b"")
+        assert bytes(out) + b"".join(bytes(p) for p in cutter.unsent()) == stream
+
+    check()
+
+
 def _cut_through_reads_case(frames: list[bytes], held: set[int], reads: list[int],
                             bad: int | None, direct_min: int, direct_share: int,
                             budget: int, max_frame: int = 1 << 16):

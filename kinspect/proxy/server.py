@@ -353,6 +353,22 @@ class CutThrough:
         self.own, self.own_view, self.own_data = own, view, view.toreadonly()
         return view
 
+    def unsent(self) -> list:
+        """The bytes fed and not emitted yet (a list of bytes-like pieces): the
+        first bytes of a frame kept back until its size was known, or what came of a
+        held frame, its size prefix first. A connection ending mid-frame passes them
+        on, so the other side gets what this side sent, as without the proxy."""
+        if self.head:
+            return [self.head]
+        if not self.hold:
+            return []
+        out: list = [_SIZE(self.body)]
+        if self.own is not None:
+            out.append(self.own_data[:self.fill])
+        else:
+            out.extend(self.parts)
+        return out
+
     def clear(self) -> None:
         """Let go of the incomplete frame (the connection is ending): its pieces, its
         own buffer and its share of the budget. The stream cannot be followed after
@@ -418,6 +434,9 @@ class CutThrough:
                                          expected="int32 frame size")
                     err.events = ev
                     self.consumed += n
+                    # a frame starts here: nothing of one is under way (unsent())
+                    self.left, self.hold, self.head = 0, False, b""
+                    self.parts.clear()
                     raise err
             if len(hdr) < 4 or (size >= 4 and len(hdr) < 8):
                 if 0 <= run < pos:
@@ -1224,7 +1243,17 @@ class Connection:
         self.closed = True
         if reason:
             log.log(level, "conn %d (%s): closing: %s", self.id, self.client, reason)
+        # what either side sent of a frame the proxy held (or had not yet sized)
+        # goes on, as it would have without the proxy: the other side sees the frame
+        # cut where the sender cut it
+        if not self.client_tr.is_closing():
+            unsent = self.resp_cut.unsent()
+            if unsent:
+                self.client_tr.writelines(unsent)
         if self.up_tr is not None and not self.up_tr.is_closing():
+            unsent = [] if self.draining else self.req_cut.unsent()
+            if unsent:
+                self.up_tr.writelines(unsent)
             self.up_tr.close()
         if self.half_closed:  # the client has sent all it will: nothing unread to
             self.client_tr.close()  # reset the connection; flushed, then closed
