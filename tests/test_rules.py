@@ -772,3 +772,25 @@ def test_rules_table_names_each_rule_on_an_80_column_console(codec):
         assert r.describe().replace(" ", "") in cells.replace(" ", "")
     for title in ("matched", "applied", "non-", "flexible", "target", "errors"):
         assert title in text
+
+
+def test_rule_errors_are_all_counted_and_noted_but_logged_sparingly(codec, caplog):
+    """A client sending frames that do not decode, with a request rule active: each
+    is counted and noted on its flow, the log gets the first LOG_FIRST and then one
+    in LOG_EVERY (one line per frame filled the log at line rate)."""
+    import logging
+
+    from kinspect.proxy.rules import LOG_EVERY, LOG_FIRST
+
+    rs = rules(codec, "inject Metadata:request:top:tag=1000")
+    bad = request_frame(codec, METADATA, 12, {"Topics": None})[:-2] + b"\xff\xff\xff"
+    flows = []
+    with caplog.at_level(logging.WARNING, logger="kinspect.rules"):
+        for _ in range(LOG_EVERY + 5):
+            flows.append(flow_for(codec, METADATA, 12))
+            assert rs.mutate_request(flows[-1], bad) is None
+    assert rs.errors == LOG_EVERY + 5 and rs.rules[0].stats.errors == LOG_EVERY + 5
+    assert all(any("rules not applied" in n for n in f.notes) for f in flows)
+    logged = [r for r in caplog.records if r.name == "kinspect.rules"]
+    assert len(logged) == LOG_FIRST + 1 + 1  # the first ones, the notice, the 1000th
+    assert "1 in 1000" in logged[LOG_FIRST].getMessage()

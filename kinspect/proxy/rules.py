@@ -69,6 +69,9 @@ MAX_TAG = (1 << 31) - 1
 #: beyond those a spec defines (the pairs come from request headers, which a client
 #: may fill with anything)
 _INDEX_MAX = 4096
+#: rule errors logged one by one; after them, one in LOG_EVERY
+LOG_FIRST = 10
+LOG_EVERY = 1000
 #: most payload bytes all rules together may hold (one payload is at most 64 MiB):
 #: a few lines of ``size=64MiB`` rules cannot take gigabytes at start-up
 MAX_PAYLOAD_TOTAL = 256 << 20
@@ -1013,8 +1016,18 @@ class RuleSet:
             if can_act:
                 r.stats.errors += 1
         msg = f"rules not applied: cannot {what}: {e}"
-        log.warning("flow %s (%s v%s): %s", getattr(flow, "id", "?"),
-                    getattr(flow, "api_name", "?"), getattr(flow, "api_version", "?"), msg)
+        # every one is counted and noted on its flow; the log gets the first ones and
+        # then one in LOG_EVERY (a client sending frames that do not decode at line
+        # rate must not fill the log at that rate)
+        n = self.errors
+        if n <= LOG_FIRST or n % LOG_EVERY == 0:
+            more = "" if n <= LOG_FIRST else f" ({n} such errors so far; 1 in {LOG_EVERY} logged)"
+            log.warning("flow %s (%s v%s): %s%s", getattr(flow, "id", "?"),
+                        getattr(flow, "api_name", "?"), getattr(flow, "api_version", "?"), msg,
+                        more)
+            if n == LOG_FIRST:
+                log.warning("rules: further errors are logged 1 in %d (all are counted)",
+                            LOG_EVERY)
         if flow is not None:
             flow.notes.append(msg)
 
