@@ -833,11 +833,32 @@ MAX_LINE_BYTES = 2 * (4 * ((DEFAULT_MAX_FRAME + 2) // 3)) + (1 << 20)
 
 
 def _open_read(path: Path):
-    with open(path, "rb") as probe:
-        magic = probe.read(2)
+    """``path`` opened for reading, through gzip when its first bytes say so. The
+    file is opened once and its first bytes peeked at, not read, so a pipe or FIFO
+    (``kinspect show <(zcat a.jsonl.gz)``) reads whole too."""
+    fh = open(path, "rb")
+    try:
+        magic = fh.peek(2)[:2]
+    except BaseException:
+        fh.close()
+        raise
     if magic == b"\x1f\x8b":
-        return gzip.open(path, "rb")
-    return open(path, "rb")
+        return _GzipReader(fh)
+    return fh
+
+
+class _GzipReader(gzip.GzipFile):
+    """A gzip stream over a file it closes with itself."""
+
+    def __init__(self, raw: Any) -> None:
+        super().__init__(fileobj=raw, mode="rb")
+        self._raw = raw
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._raw.close()
 
 
 def _lines(fh: Any, path: Path, limit: int | None) -> Iterator[bytes | CaptureError]:

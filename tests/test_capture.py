@@ -1293,3 +1293,40 @@ def test_captures_appended_to_each_other_keep_all_their_flows(tmp_path):
     for a, b, c in zip(one, first, second):
         assert a.request == b.request == c.request and a.response == b.response == c.response
         assert a.flags == b.flags == c.flags
+
+
+@pytest.mark.parametrize("compressed", [False, True])
+def test_a_capture_read_from_a_fifo_is_read_whole(tmp_path, compressed):
+    """``kinspect show <(zcat a.jsonl.gz)`` or a named pipe: the first bytes are
+    peeked at to tell gzip, not read and the file opened again (which lost them, or
+    waited forever for a writer that had gone)."""
+    import threading
+
+    data = EXAMPLE.read_bytes()
+    if compressed:
+        data = gzip.compress(data)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+
+    def write():
+        with open(fifo, "wb") as fh:
+            fh.write(data)
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    got = list(read_capture(fifo, parts=False))
+    writer.join(10)
+    assert not writer.is_alive()
+    assert got == list(read_capture(EXAMPLE, parts=False))
+
+
+def test_a_gzip_capture_closes_its_file(tmp_path):
+    """The gzip reader over the peeked file closes that file with itself."""
+    from kinspect import capture as capture_mod
+
+    path = tmp_path / "a.jsonl.gz"
+    path.write_bytes(gzip.compress(EXAMPLE.read_bytes()))
+    fh = capture_mod._open_read(path)
+    raw = fh.fileobj
+    assert fh.readline().startswith(b'{"type":"session"')
+    fh.close()
+    assert raw.closed
