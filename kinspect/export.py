@@ -215,14 +215,25 @@ def write_pcapng(fh: BinaryIO, events: list[tuple],
         recs = []
         for name, addr in names.items():
             recs.append({"type": 1 if addr.version == 4 else 2, "address": str(addr),
-                         "names": [name]})
+                         "names": [_utf8(name)]})
         writer.write_block(shb.new_member(blocks.NameResolution, records=recs))
     for ts, pkt, *rest in events:
-        comment = rest[0] if rest else None
+        comment = _utf8(rest[0]) if rest and rest[0] else None
+        ts = max(ts, 0)  # pcapng counts from the epoch, unsigned: earlier is the epoch
         writer.write_block(shb.new_member(
             blocks.EnhancedPacket, interface_id=0, timestamp_high=(ts >> 32) & 0xFFFFFFFF,
             timestamp_low=ts & 0xFFFFFFFF, packet_data=pkt, packet_len=len(pkt),
             options={"opt_comment": [comment]} if comment else {}))
+
+
+def _utf8(text: str) -> str:
+    """``text`` as pcapng options hold it, UTF-8: a lone surrogate (a JSON escape
+    such as ``"\\ud800"`` in a capture's client id) written as its escape."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,

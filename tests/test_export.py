@@ -144,6 +144,27 @@ def test_ipv6_and_host_names(tmp_path):
     assert len(rows) == sum(1 for r in cap.frames if r.dir == "req")
 
 
+def test_lone_surrogates_and_times_before_the_epoch_export(tmp_path):
+    """A capture's strings may hold lone surrogates (valid JSON escapes such as
+    ``"\\ud800"``) and its times precede 1970: pcapng holds UTF-8 text and unsigned
+    times, so the names and comments carry the escapes and such times are the epoch
+    (both were a UnicodeEncodeError, or a time in the year 2554)."""
+    recs = []
+    for r in read_capture(EXAMPLE):
+        if r.get("type") in ("frame", "conn"):
+            r = dict(r, upstream="broker\ud800:9092")
+        if r.get("type") == "frame":
+            r = dict(r, flags=["x\udcff"], ts_ns=-1)
+        recs.append(r)
+    cap = flows_from_records(recs, CODEC, decode=False)
+    out = tmp_path / "s.pcapng"
+    export_pcapng(cap, out)
+    rows = tshark(out, 9092, "frame.time_epoch", "frame.comment", display="kafka")
+    assert len(rows) == len(cap.frames)
+    assert all(float(r[0]) == 0.0 for r in rows)
+    assert any("\\udcff" in r[1] for r in rows)
+
+
 def test_export_command(tmp_path, capsys):
     out = tmp_path / "sub" / "cli.pcapng"
     assert cli.main(["export", str(EXAMPLE), "--pcapng", str(out), "--filter",
