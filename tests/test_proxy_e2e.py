@@ -381,3 +381,35 @@ async def _read_or_eof(reader) -> bytes | None:
         return await reader.readexactly(size)
     except (asyncio.IncompleteReadError, ConnectionError):
         return None
+
+
+async def test_a_rewrite_that_changes_more_than_the_addresses_says_so(tansu):
+    """Rewriting re-encodes the whole response: bytes the codec writes otherwise than
+    the broker did (a boolean byte 0x05, read as true, written as 0x01) change too.
+    The proxy tells: ``rewrite_exact`` is False and the flow gets a note. A real
+    broker's answers re-encode to their own bytes."""
+    from kinspect.proxy.server import _REENCODED_NOTE, _REWRITTEN, _apply_outcome
+
+    c = codec()
+    host, port = tansu.bootstrap.rsplit(":", 1)
+    body = c.response_codec(3).cls.from_dict({
+        "Brokers": [{"NodeId": 1, "Host": host, "Port": int(port)}],
+        "Topics": [{"ErrorCode": 0, "Name": "t", "IsInternal": True, "Partitions": []}]})
+    canonical = _response_frame(c, 3, 1, body)
+    i = canonical.index(b"\x00\x01t") + 3  # IsInternal follows the name "t"
+    assert canonical[i] == 1
+    odd = canonical[:i] + b"\x05" + canonical[i + 1:]
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        new, resp = proxy.rewrite_response(3, 1, canonical)
+        assert proxy.rewrite_exact
+        new_odd, _ = proxy.rewrite_response(3, 1, odd)
+        assert not proxy.rewrite_exact and new_odd == new  # 0x05 went out as 0x01
+        flow = Flow(0, 0, "", "", 3, 1, 7, "Metadata", b"", 0)
+        _apply_outcome(flow, (_REWRITTEN, new_odd, _REENCODED_NOTE))
+        assert REWRITTEN in flow.flags and flow.notes == [_REENCODED_NOTE]
+        # a real client's Metadata through the proxy: rewritten, exactly
+        await roundtrip_async("kafka-python", "%s:%d" % proxy.address, ["v"],
+                              topic="exact", group="exact-g", timeout=20)
+        await proxy.pipeline.drained()
+        md = [f for f in rec.flows if f.api_name == "Metadata" and REWRITTEN in f.flags]
+        assert md and not any(_REENCODED_NOTE in f.notes for f in md)

@@ -537,6 +537,9 @@ class Proxy:
         self.lingering: set[asyncio.Transport] = set()
         #: the pipeline is too far behind: no connection is read (see overload)
         self.overloaded = False
+        #: whether the last response :meth:`rewrite_response` decoded re-encodes to its
+        #: own bytes
+        self.rewrite_exact = True
         self._next_conn = 0
         self._next_flow = 0
         self._closing = False
@@ -731,7 +734,9 @@ class Proxy:
 
         Returns:
             ``(new frame or None if nothing changed, the decoded response or None
-            when it was only scanned)``.
+            when it was only scanned)``. :attr:`rewrite_exact` then says whether
+            the response re-encodes to the broker's bytes as they were (when not,
+            the new frame differs in more than the addresses).
         Raises:
             DecodeError: the frame does not decode; EncodeError: it cannot be re-encoded.
         """
@@ -740,6 +745,9 @@ class Proxy:
                 frame, api_key, api_version):
             return None, None  # e.g. Produce/Fetch without NodeEndpoints: nothing to do
         resp = self.codec.decode_response(frame, api_key, api_version)
+        # whether the broker's bytes are the codec's own: if not (a boolean byte other
+        # than 0 or 1, a negative length other than -1), re-encoding changes them too
+        self.rewrite_exact = self.codec.encode_response(resp) == frame
         if not self.rewriter.rewrite(api_key, api_version, resp.body, self.map_address):
             return None, resp
         self.stats.rewritten += 1
@@ -1177,6 +1185,8 @@ class Connection:
             return frame, (_FAILED, f"rewrite failed: {e}")
         if new is None:
             return frame, (_UNCHANGED, resp)  # reuse: it equals the bytes on the wire
+        if not self.proxy.rewrite_exact:
+            return new, (_REWRITTEN, new, _REENCODED_NOTE)
         return new, (_REWRITTEN, new)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -1320,14 +1330,21 @@ def _first(item: tuple) -> Any:
     return item[0]
 
 
+_REENCODED_NOTE = ("rewritten: the broker's encoding is not the codec's own (e.g. a boolean "
+                   "byte other than 0 or 1), so re-encoding changed more than the addresses; "
+                   "compare the response with the bytes sent")
+
+
 def _apply_outcome(flow: Flow, outcome: tuple) -> None:
     """Note on ``flow`` what rewriting its response did (``Connection._rewrite_frame``)."""
-    kind, value = outcome
+    kind, value = outcome[0], outcome[1]
     if kind == _UNCHANGED:
         flow.response_decoded = value
     elif kind == _REWRITTEN:
         flow.response_sent = value
         flow.flags.add(REWRITTEN)
+        if len(outcome) > 2:
+            flow.notes.append(outcome[2])
     elif kind == _UNDECODED:
         flow.flags.add(UNDECODED)
         flow.error = value
