@@ -52,6 +52,9 @@ is no "up to" form (``-3`` once meant "up to 3"): write the lower bound, ``~v 0-
 version", and ``~v`` matches none), so ``~v`` rejects negative numbers instead of
 matching nothing.
 
+Limits: ``!`` and ``(`` nest at most :data:`MAX_NESTING` deep, and a number has at
+most :data:`MAX_DIGITS` digits.
+
 Errors: :class:`FilterError` (a :class:`~kinspect.codec.KinspectError`) with the
 ``position`` (0-based character offset) of the problem.
 
@@ -81,7 +84,14 @@ from .flows import (
 )
 
 __all__ = ["FilterError", "Filter", "parse", "TopicIds", "flow_topics", "error_codes",
-           "TERMS"]
+           "TERMS", "MAX_NESTING", "MAX_DIGITS"]
+
+#: deepest nesting of ``!`` and ``(`` (together) around a term: the parser and the
+#: compiled filter recurse once per level, so a few thousand would exhaust the stack
+MAX_NESTING = 100
+#: most digits of a number in a filter: every number a term compares with (api keys
+#: and versions, connection and correlation ids, error codes) fits in an int64
+MAX_DIGITS = 19
 
 
 class FilterError(KinspectError):
@@ -279,6 +289,19 @@ class _TermSpec:
 _NUMBER_RANGE = re.compile(r"\s*(-?\d+)\s*(?:(-)\s*(-?\d+)?)?\s*")
 
 
+def _number(text: str, err: Callable[[str], FilterError]) -> int:
+    """The value of ``text``, an optional ``-`` and digits (as ``_NUMBER_RANGE``
+    matched them).
+
+    Raises:
+        FilterError: more than :data:`MAX_DIGITS` digits (leading zeros count).
+    """
+    digits = len(text) - text.startswith("-")
+    if digits > MAX_DIGITS:
+        raise err(f"number too large: {digits} digits (at most {MAX_DIGITS})")
+    return int(text)
+
+
 def _ranges(arg: str, err: Callable[[str], FilterError], *,
             expected: str = "a number or range like 7, -1, 7-9 or 7-",
             minimum: tuple[int, str] | None = None) -> Callable[[int], bool]:
@@ -289,15 +312,20 @@ def _ranges(arg: str, err: Callable[[str], FilterError], *,
     is the number -3: write the lower bound (``0-3``).
 
     ``minimum``: ``(lowest number the field can hold, why)``; a number below it is an
-    error rather than a term that can never match (``~v -3``, once "up to 3")."""
+    error rather than a term that can never match (``~v -3``, once "up to 3").
+
+    Raises:
+        FilterError: a piece that is not a number or range, an empty range, a number
+            below ``minimum`` or of more than :data:`MAX_DIGITS` digits.
+    """
     parts = []
     for piece in arg.split(","):
         m = _NUMBER_RANGE.fullmatch(piece)
         if not m:
             raise err(f"expected {expected}, got {piece!r}")
-        lo = int(m.group(1))
-        hi = lo if m.group(2) is None else (int(m.group(3)) if m.group(3) is not None
-                                            else None)
+        lo = _number(m.group(1), err)
+        hi = lo if m.group(2) is None else (_number(m.group(3), err)
+                                            if m.group(3) is not None else None)
         if minimum is not None and min(lo, lo if hi is None else hi) < minimum[0]:
             low, why = minimum
             hint = (f"; for 'up to {-lo}' write {low}-{-lo}"
@@ -315,15 +343,24 @@ def _ranges(arg: str, err: Callable[[str], FilterError], *,
 
 
 def _regex(arg: str, err) -> re.Pattern:
+    """Compile the argument of ``~client`` and ``~addr``.
+
+    Raises:
+        FilterError: a pattern :mod:`re` refuses, one with a repetition count too
+            large for it (``a{4294967296}``), or groups nested deeper than its parser
+            can recurse.
+    """
     try:
         return re.compile(arg)
-    except re.error as e:
+    except (re.error, OverflowError) as e:
         raise err(f"bad regular expression: {e}") from None
+    except RecursionError:  # re's parser recurses for every nested group
+        raise err("bad regular expression: groups nested too deeply") from None
 
 
 def _t_api(arg, err):
     if re.fullmatch(r"-?\d+", arg):
-        key = int(arg)
+        key = _number(arg, err)
         return lambda f, d, i: f.api_key == key
     name = arg.lower()
     for suffix in ("request", "response"):
@@ -434,6 +471,8 @@ class _Parser:
         self.text = text
         self.pos = 0
         self.api_names = None if api_names is None else list(api_names)
+        #: ``!`` and ``(`` around the term being parsed (see :data:`MAX_NESTING`)
+        self.depth = 0
 
     def err(self, reason: str, pos: int | None = None) -> FilterError:
         return FilterError(reason, self.text, self.pos if pos is None else pos)
@@ -485,19 +524,20 @@ class _Parser:
         return parts[0] if len(parts) == 1 else _And(parts)
 
     def parse_unary(self) -> Filter:
+        """``"!" unary | "(" expr ")" | term``.
+
+        Raises:
+            FilterError: also for ``!`` and ``(`` nested more than
+                :data:`MAX_NESTING` deep.
+        """
         c = self.peek()
-        if c == "!":
-            self.pos += 1
-            return _Not(self.parse_unary())
-        if c == "(":
-            start = self.pos
-            self.pos += 1
-            f = self.parse_or()
-            if not self.peek():
-                raise self.err(f"missing ')' for the '(' at position {start}")
-            if self.peek() != ")":
-                raise self.unexpected()
-            self.pos += 1
+        if c == "!" or c == "(":
+            if self.depth >= MAX_NESTING:
+                raise self.err(f"nested too deeply: at most {MAX_NESTING} '!' and '(' "
+                               f"around a term")
+            self.depth += 1
+            f = self.parse_not() if c == "!" else self.parse_group()
+            self.depth -= 1
             return f
         if c == "~":
             return self.parse_term()
@@ -506,6 +546,21 @@ class _Parser:
         if c in "&|)":
             raise self.err(f"expected a term like ~api Produce before {c!r}")
         raise self.err("expected a term starting with '~' (e.g. ~api Produce, ~topic orders)")
+
+    def parse_not(self) -> Filter:
+        self.pos += 1
+        return _Not(self.parse_unary())
+
+    def parse_group(self) -> Filter:
+        start = self.pos
+        self.pos += 1
+        f = self.parse_or()
+        if not self.peek():
+            raise self.err(f"missing ')' for the '(' at position {start}")
+        if self.peek() != ")":
+            raise self.unexpected()
+        self.pos += 1
+        return f
 
     def parse_term(self) -> Filter:
         start = self.pos
@@ -575,13 +630,16 @@ class _Parser:
                 out.append(ch)
                 self.pos += 1
             raise self.err("unterminated quoted string", start)
+        if c == "~":
+            # the next term (``~err~api 0``): known before scanning a word, which for
+            # every ~err of ``~err~err~err...`` made parsing quadratic
+            return None
         stops = "()&!" if allow_bar else _OPS
         start = self.pos
         while (self.pos < len(self.text) and not self.text[self.pos].isspace()
                and self.text[self.pos] not in stops):
             self.pos += 1
-        if self.pos == start or self.text[start] == "~":
-            self.pos = start
+        if self.pos == start:
             return None
         return self.text[start:self.pos]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import zipfile
@@ -17,6 +18,7 @@ from codec_util import CORPUS, inline
 from kinspect.codec import SpecError, SpecRegistry
 from kinspect.codec import registry as registry_mod
 from kinspect.codec import spec as spec_mod
+from kinspect.codec.versions import Versions
 
 
 def _msg(fields, **top):
@@ -115,6 +117,20 @@ INVALID = [
     (_msg([_f(type="int32", entityType="topicName")]), "F", "entityType topicName needs"),
     (_msg([_f(type="[]int64", entityType="brokerId")]), "F", "entityType brokerId needs"),
     (_msg([_f(type="string", entityType="topicId")]), "F", "unknown entityType"),
+    # JSON of the wrong shape: TypeError or ValueError tracebacks once
+    (_msg([_f()], commonStructs=5), None, "'commonStructs' must be a list"),
+    (_msg([_f()], commonStructs={"name": "C"}), None, "'commonStructs' must be a list"),
+    (_msg([_f(type="string", entityType=["topicName"])]), "F", "unknown entityType"),
+    (_msg([_f(type="string", entityType={"topicName": 1})]), "F", "unknown entityType"),
+    (_msg([_f(tag="\u00b2", taggedVersions="2+")]), "F", "invalid tag"),  # "²".isdigit()
+    (_msg([_f(tag="9" * 5000, taggedVersions="2+")]), "F", "invalid tag"),
+    # a version given as a JSON number is an int16 too, as the same number as a string
+    (_msg([_f()], validVersions=100000), None, "out of range 0..32767"),
+    (_msg([_f()], validVersions=-3), None, "out of range 0..32767"),
+    (_msg([_f()], flexibleVersions=-3), None, "out of range 0..32767"),
+    (_msg([_f(versions=-1)]), "F", "out of range 0..32767"),
+    (_msg([_f()], validVersions=True), None, "not a string or an integer"),
+    (_msg([_f()], deprecatedVersions={"x": 1}), None, "not a string or an integer"),
 ]
 
 
@@ -142,6 +158,28 @@ def test_entity_types_and_open_ended_flexible_versions_kafka_accepts():
     assert c.spec.fields[0].entity_type == "topicName"
     assert c.spec.fields[3].default is None
     inline(_msg([_f()], flexibleVersions="none"))
+
+
+@pytest.mark.parametrize("number", [-3, -1, 0, 7, 32767, 32768, 100000])
+def test_versions_as_json_numbers_read_as_the_same_number_as_a_string(number):
+    """``Versions.parse`` took an int as it was, out of the int16 range or not, where
+    the same number as a string is range-checked."""
+    try:
+        want = Versions.parse(str(number))
+    except ValueError:
+        with pytest.raises(ValueError, match="out of range 0..32767"):
+            Versions.parse(number)
+    else:
+        assert Versions.parse(number) == want
+
+
+def test_json_shapes_kafka_accepts():
+    """The valid counterparts of the shapes above: versions and a tag as JSON numbers,
+    a tag as a string of digits, a null commonStructs."""
+    c = inline(_msg([_f(versions=3), _f("T", type="string", tag="3", taggedVersions="2+")],
+                    validVersions=3, commonStructs=None))
+    assert c.spec.valid_versions == c.spec.fields[0].versions == Versions(3, 3)
+    assert c.spec.fields[1].tag == 3
 
 
 def test_json_syntax_errors_name_the_file():
@@ -271,6 +309,80 @@ def test_an_archive_member_larger_than_a_spec_file_is_refused(tmp_path):
         SpecRegistry.load([str(jar)], use_env=False, use_project=False, use_default=False)
     assert ei.value.source == f"{jar}!common/message/Big.json"
     assert "decompressed" in ei.value.reason
+
+
+_SPEC_MEMBER = "common/message/Tiny.json"
+
+
+def _jar(path: Path, method: int = zipfile.ZIP_DEFLATED) -> bytearray:
+    """A jar of one valid spec, ``_SPEC_MEMBER``, written to ``path``; returns its
+    bytes for a test to damage and write back."""
+    doc = {"name": "Tiny", "type": "data", "validVersions": "0", "flexibleVersions": "none",
+           "fields": [_f("A", type="int8")]}
+    with zipfile.ZipFile(path, "w", method) as zf:
+        zf.writestr(_SPEC_MEMBER, json.dumps(doc))
+    return bytearray(path.read_bytes())
+
+
+def _set_headers(data: bytearray, offset: int, value: int) -> None:
+    """Write the 16-bit ``value`` at ``offset`` of the local header (after its 4-byte
+    signature) and the same field of the central directory entry, two bytes further
+    on (it has "version made by" first)."""
+    local = data.index(b"PK\x03\x04") + 4
+    central = data.index(b"PK\x01\x02") + 6
+    struct.pack_into("<H", data, local + offset, value)
+    struct.pack_into("<H", data, central + offset, value)
+
+
+def _member_data(data: bytearray) -> int:
+    """Offset of the one member's data, past its local header."""
+    name_len, extra_len = struct.unpack_from("<HH", data, 26)
+    return 30 + name_len + extra_len
+
+
+def _bad_crc(data):  # a stored member whose text changed after its CRC was written
+    data[_member_data(data)] ^= 0x20
+
+
+def _bad_deflate(data):  # BTYPE 11, a reserved block type
+    data[_member_data(data)] = 0xFF
+
+
+def _encrypted(data):  # general purpose flag bit 0
+    _set_headers(data, 2, 0x1)
+
+
+def _method_99(data):  # compression method: AE-x (WinZip AES), which zipfile lacks
+    _set_headers(data, 4, 99)
+
+
+def _eocd_only(data):  # only an end of central directory record, its offsets bogus
+    data[:] = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 1, 1, 0x0FFFFFFF, 0, 0)
+
+
+@pytest.mark.parametrize("damage,method,member,why", [
+    # (damage, how the member is written, whether the error names it, words in the
+    # reason); what zipfile raised once is in the comment
+    (_bad_crc, zipfile.ZIP_STORED, True, "Bad CRC-32"),  # BadZipFile
+    (_bad_deflate, zipfile.ZIP_DEFLATED, True, "damaged archive member"),  # zlib.error
+    (_encrypted, zipfile.ZIP_DEFLATED, True, "encrypted"),  # RuntimeError
+    (_method_99, zipfile.ZIP_DEFLATED, True, "method 99"),  # NotImplementedError
+    (_eocd_only, zipfile.ZIP_STORED, False, "not a readable jar/zip archive"),  # BadZipFile
+])
+def test_a_damaged_archive_is_a_spec_error_naming_it(tmp_path, damage, method, member, why):
+    """Archives that zipfile opens or lists but cannot read raised its own exceptions
+    (BadZipFile, zlib.error, RuntimeError, NotImplementedError) from every command
+    that loads specs."""
+    jar = tmp_path / "specs.jar"
+    data = _jar(jar, method)
+    assert SpecRegistry.load([str(jar)], use_env=False, use_project=False,
+                             use_default=False).messages.keys() == {"Tiny"}
+    damage(data)
+    jar.write_bytes(data)
+    with pytest.raises(SpecError) as ei:
+        SpecRegistry.load([str(jar)], use_env=False, use_project=False, use_default=False)
+    assert ei.value.source == (f"{jar}!{_SPEC_MEMBER}" if member else str(jar)), ei.value
+    assert why in ei.value.reason, ei.value
 
 
 # ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kinspect import filters
 from kinspect.capture import load_capture
 from kinspect.codec import Codec, KinspectError
 from kinspect.filters import FilterError, TopicIds, error_codes, flow_topics, parse
@@ -398,16 +399,58 @@ def test_bad_expressions_name_the_position(expr, position, fragment):
     assert str(e.value).splitlines()[-1] == "  " + " " * position + "^"
 
 
-_TOKENS = [*"~!&|()\"'\\ -,0123456789az\t", "~api", "~v", "~dir", "~err", "~corr", "~conn",
+@pytest.mark.parametrize("expr,position,fragment", [
+    # the parser and the compiled filter recurse once per '!' or '(': RecursionError
+    pytest.param("!" * 3000 + "~all", filters.MAX_NESTING, "nested too deeply", id="3000 !"),
+    pytest.param("(" * 3000 + "~all" + ")" * 3000, filters.MAX_NESTING, "nested too deeply",
+                 id="3000 ("),
+    pytest.param("(!" * 1500 + "~all" + ")" * 1500, filters.MAX_NESTING, "nested too deeply",
+                 id="1500 (!"),
+    # int() refuses more than 4300 digits: ValueError
+    pytest.param("~conn " + "9" * 5000, 6, "number too large: 5000 digits", id="~conn"),
+    pytest.param("~v 1-" + "9" * 5000, 3, "number too large", id="~v"),
+    pytest.param("~corr -" + "1" * 5000, 6, "number too large", id="~corr"),
+    pytest.param("~err " + "0" * 5000, 5, "number too large", id="~err"),
+    pytest.param("~api " + "9" * 5000, 5, "number too large", id="~api"),
+    # re.compile: OverflowError and RecursionError besides re.error
+    pytest.param('~client "a{4294967296}"', 8, "repetition number is too large",
+                 id="~client repeat"),
+    pytest.param(f'~addr "{"(" * 2000}a{")" * 2000}"', 6, "nested too deeply",
+                 id="~addr groups"),
+])
+def test_oversized_expressions_are_filter_errors(expr, position, fragment):
+    for names in (None, API_NAMES):
+        with pytest.raises(FilterError) as e:
+            parse(expr, names)
+        assert e.value.position == position
+        assert fragment in e.value.reason, e.value.reason
+
+
+def test_nesting_and_numbers_at_the_limits_still_parse(flows):
+    depth = filters.MAX_NESTING
+    every = [f.id for f in flows]
+    assert select("(" * depth + "~all" + ")" * depth, flows) == every
+    assert select("!" * depth + "~all", flows) == every  # an even number of '!'
+    assert select("(!" * (depth // 2) + "~all" + ")" * (depth // 2), flows) == every
+    big = "9" * filters.MAX_DIGITS
+    assert select(f"~conn {big} | ~corr -{big} | ~api {big} | ~v {big}", flows) == []
+
+
+_TOKENS = [*"~!&|()\"'\\ -,0123456789az\t{}", "~api", "~v", "~dir", "~err", "~corr", "~conn",
            "~topic", "~client", "~flag", "~all", "~sasl", "req|resp", "Produce", "Fech", "[",
            "*", "(?P<", "é"]
+#: a few tokens, each repeated up to thousands of times: deep nesting, long numbers
+_RUNS = st.lists(st.tuples(st.sampled_from(_TOKENS), st.integers(1, 5000)), max_size=4).map(
+    lambda runs: "".join(tok * n for tok, n in runs))
 
 
 @settings(max_examples=600, deadline=None, suppress_health_check=list(HealthCheck))
 @given(st.one_of(*[st.lists(st.sampled_from(_TOKENS), max_size=12).map("".join)] * 3,
-                 st.text(max_size=20)))
+                 st.text(max_size=20), _RUNS))
 def test_any_text_parses_or_is_a_filter_error_inside_it(text):
-    # fuzz: whatever the text, the parser raises only FilterError, pointing into it
+    # fuzz: whatever the text, the parser raises only FilterError, pointing into it.
+    # Short texts alone never reach the failures of size (thousands of '!' or '(',
+    # numbers of more than 4300 digits): the runs do, and the tests above pin them.
     for names in (None, API_NAMES):
         try:
             parse(text, names)

@@ -18,6 +18,7 @@ import logging
 import os
 import tempfile
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from gc import disable as _gc_disable
@@ -167,6 +168,19 @@ class SpecSource:
 MAX_ARCHIVE_SPEC_BYTES = 4 << 20
 
 
+#: compression methods of archive members: those jar tools write
+_ARCHIVE_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+#: general purpose flag bit 0 of a zip entry: the member is encrypted
+_ZIP_ENCRYPTED = 0x1
+#: what :mod:`zipfile` raises for a damaged archive: bad records or CRCs
+#: (``BadZipFile``), corrupt deflate data (``zlib.error``), data cut short
+#: (``EOFError``), seeks outside the file (``OSError``, ``ValueError``), names that are
+#: not UTF-8 (``UnicodeDecodeError``), flags it does not implement
+#: (``NotImplementedError``)
+_ARCHIVE_ERRORS = (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError,
+                   NotImplementedError)
+
+
 def _text(data: bytes, name: str) -> str:
     try:
         return data.decode("utf-8")
@@ -178,24 +192,50 @@ def _iter_spec_files(source: SpecSource) -> Iterator[tuple[str, str]]:
     """Yield ``(display name, text)`` for every ``*.json`` spec in a source.
 
     Raises:
-        SpecError: a file that is not UTF-8 text, or an archive member of more
+        SpecError: a file that is not UTF-8 text; an archive that cannot be read
+            (naming it), or a member that cannot (naming ``archive!member``):
+            damaged, encrypted, compressed other than stored or deflated, or of more
             than :data:`MAX_ARCHIVE_SPEC_BYTES` bytes.
     """
     if source.kind == "dir":
         for p in sorted(Path(source.path).glob("*.json")):
             yield str(p), _text(p.read_bytes(), str(p))
         return
-    with zipfile.ZipFile(source.path) as zf:
+    try:
+        zf = zipfile.ZipFile(source.path)
+    except _ARCHIVE_ERRORS as e:
+        raise SpecError(f"not a readable jar/zip archive: {e}", source.path) from None
+    with zf:
         names = sorted(n for n in zf.namelist() if n.endswith(".json"))
         # Kafka's jars hold the specs under common/message/; prefer that folder.
         preferred = [n for n in names if "common/message/" in n]
         for n in preferred or names:
             name = f"{source.path}!{n}"
-            size = zf.getinfo(n).file_size  # what zf.read returns at most
-            if size > MAX_ARCHIVE_SPEC_BYTES:
-                raise SpecError(f"{size} bytes once decompressed: larger than a spec file "
-                                f"(at most {MAX_ARCHIVE_SPEC_BYTES})", name)
-            yield name, _text(zf.read(n), name)
+            yield name, _text(_read_member(zf, zf.getinfo(n), name), name)
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, name: str) -> bytes:
+    """The bytes of one archive member, ``name`` being ``archive!member``.
+
+    Raises:
+        SpecError: the member is encrypted, compressed other than stored or
+            deflated, larger than :data:`MAX_ARCHIVE_SPEC_BYTES` once
+            decompressed, or damaged (a bad CRC, corrupt deflate data, ...).
+    """
+    if info.flag_bits & _ZIP_ENCRYPTED:
+        raise SpecError("encrypted archive member (kinspect reads unencrypted ones only)",
+                        name)
+    if info.compress_type not in _ARCHIVE_METHODS:
+        raise SpecError(f"archive member compressed with method {info.compress_type} "
+                        f"(kinspect reads {' or '.join(_ARCHIVE_METHODS.values())} members)",
+                        name)
+    if info.file_size > MAX_ARCHIVE_SPEC_BYTES:  # what zf.read returns at most
+        raise SpecError(f"{info.file_size} bytes once decompressed: larger than a spec file "
+                        f"(at most {MAX_ARCHIVE_SPEC_BYTES})", name)
+    try:
+        return zf.read(info)
+    except _ARCHIVE_ERRORS as e:
+        raise SpecError(f"damaged archive member: {e}", name) from None
 
 
 def _source_for(path: str, origin: str) -> SpecSource:

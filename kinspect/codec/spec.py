@@ -49,6 +49,9 @@ _COMMON_KEYS = {"name", "versions", "fields"}
 _NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 #: field names as Kafka's generator takes them (``FieldSpec.VALID_FIELD_NAMES``)
 _FIELD_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9]*")
+#: a ``tag`` written as a string: ASCII digits only (``str.isdigit`` also takes
+#: ``"²"``, which ``int`` refuses), few enough for an int32
+_TAG_TEXT_RE = re.compile(r"[0-9]{1,10}")
 #: ``entityType`` values (Kafka's generator ``EntityType``) and the type each applies to
 #: (to the elements of an array); ``unknown`` applies to any type
 ENTITY_TYPES = {"unknown": None, "transactionalId": "string", "producerId": "int64",
@@ -274,8 +277,13 @@ def parse_message_spec(doc: Any, source: str) -> MessageSpec:
     if not isinstance(doc.get("fields"), list):
         raise SpecError("missing 'fields' list", source)
 
+    common = doc.get("commonStructs")
+    if common is None:  # as Kafka's MessageSpec takes a null list
+        common = []
+    if not isinstance(common, list):
+        raise SpecError(f"'commonStructs' must be a list, got {common!r}", source)
     ctx = _Context(source, valid, flexible)
-    for cs in doc.get("commonStructs") or []:
+    for cs in common:
         if not isinstance(cs, dict):
             raise SpecError("commonStructs entries must be objects", source)
         _check_keys(cs, _COMMON_KEYS, source, cs.get("name"))
@@ -407,7 +415,7 @@ class _Context:
                            f"letter", path)
 
         tag = d.get("tag")
-        if isinstance(tag, str) and tag.strip().isdigit():
+        if isinstance(tag, str) and _TAG_TEXT_RE.fullmatch(tag.strip()):
             tag = int(tag)
         tagged_text = d.get("taggedVersions")
         if (tag is None) != (tagged_text is None):
@@ -468,7 +476,7 @@ class _Context:
         )
         entity = f.entity_type
         if entity is not None:  # Kafka's EntityType.verifyTypeMatches
-            if entity not in ENTITY_TYPES:
+            if not isinstance(entity, str) or entity not in ENTITY_TYPES:
                 raise self.err(f"unknown entityType {entity!r} (one of "
                                f"{', '.join(ENTITY_TYPES)})", path)
             if ENTITY_TYPES[entity] not in (None, elem):

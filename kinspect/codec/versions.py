@@ -17,18 +17,25 @@ class Versions(NamedTuple):
 
     @classmethod
     def parse(cls, text: str | int | None, default: "Versions | None" = None) -> "Versions":
-        """Parse ``"N+"``, ``"N-M"``, ``"N"`` or ``"none"``.
+        """Parse ``"N+"``, ``"N-M"``, ``"N"`` or ``"none"``, or an int ``N`` (a JSON
+        number); every version is an int16 that is not negative.
 
         Raises:
-            ValueError: on anything else, or a range with ``N > M``.
+            ValueError: on anything else (``true`` included), a version outside
+                ``0..MAX_VERSION``, or a range with ``N > M``.
         """
         if text is None:
             if default is None:
                 raise ValueError("missing version range")
             return default
-        if isinstance(text, int) and not isinstance(text, bool):
-            return cls(text, text)
-        s = str(text).strip()
+        if isinstance(text, bool) or not isinstance(text, (str, int)):
+            raise ValueError(f"invalid version range {text!r}: not a string or an integer")
+        if isinstance(text, int):
+            try:
+                return cls(_check_int16(text), text)
+            except ValueError as e:
+                raise ValueError(f"invalid version range {text!r}: {e}") from None
+        s = text.strip()
         if s == "none":
             return NONE
         try:
@@ -92,7 +99,10 @@ class Versions(NamedTuple):
 
 
 def _int16(s: str) -> int:
-    v = int(s.strip(), 10)
+    return _check_int16(int(s.strip(), 10))
+
+
+def _check_int16(v: int) -> int:
     if not 0 <= v <= MAX_VERSION:
         raise ValueError(f"version {v} out of range 0..{MAX_VERSION}")
     return v
