@@ -355,17 +355,16 @@ def _lines(path: str, verb: str = "decode") -> Iterator[str]:
     ``kinspect show``: the lines before the cut are all there is. A line of a gzip
     file longer than :data:`~kinspect.capture.MAX_LINE_BYTES` characters once
     decompressed is an :class:`InputError`, as for ``kinspect show``."""
-    from ..capture import MAX_LINE_BYTES
+    from pathlib import Path
+
+    from ..capture import MAX_LINE_BYTES, _open_read
 
     if path == "-":
         yield from sys.stdin
         return
-    with open(path, "rb") as fh:
-        magic = fh.read(2)
-        fh.seek(0)
-        compressed = magic == b"\x1f\x8b"
-        stream = gzip.open(fh, "rt", encoding="utf-8") if compressed else \
-            io.TextIOWrapper(fh, encoding="utf-8")
+    raw = _open_read(Path(path))  # gzip told by its first bytes, as captures are read
+    compressed = isinstance(raw, gzip.GzipFile)
+    with io.TextIOWrapper(raw, encoding="utf-8") as stream:
         n = 0
         try:
             while True:
