@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proxyutil import codec, request_bytes, running_proxy
+from proxyutil import codec, exchange, request_bytes, running_proxy
 
 from kinspect.brokers import TansuBroker, free_port
 from kinspect.codec import frame
@@ -579,8 +579,10 @@ async def test_requests_waiting_for_answers_are_bounded_then_all_answered(tansu)
     each forwarded request is a tracked flow, and 500,000 small ones cost the proxy
     385 MB. Past MAX_INFLIGHT waiting for answers the proxy stops reading the client
     (whose requests then wait in its own socket); once the broker answers, reading
-    resumes and every request is answered, in order, with its correlation id."""
-    from kinspect.proxy.server import HOLD_INFLIGHT, MAX_INFLIGHT
+    resumes and every request is answered, in order, with its correlation id. The
+    read that passes the mark (some 18,000 requests) is handled a slice at a time:
+    its slices after the mark wait, as bytes, for the answers too."""
+    from kinspect.proxy.server import HOLD_INFLIGHT, MAX_INFLIGHT, SLICE_FRAMES
 
     one = len(frame(api_versions(1)))
     per_read = (256 << 10) // one + 1  # requests one read of the event loop may hold
@@ -599,9 +601,11 @@ async def test_requests_waiting_for_answers_are_bounded_then_all_answered(tansu)
             await asyncio.sleep(0.3)  # it reads no more meanwhile
             proxy.settle()
             waiting = len(conn.tracker.inflight)
-            # the read that passed the mark is taken whole, no read after it
-            assert MAX_INFLIGHT <= waiting < MAX_INFLIGHT + per_read < n, waiting
+            # the slice that passed the mark is taken whole, no slice or read after it
+            assert SLICE_FRAMES < per_read
+            assert MAX_INFLIGHT <= waiting <= MAX_INFLIGHT + SLICE_FRAMES, waiting
             assert conn.client_hold & HOLD_INFLIGHT
+            assert conn.req_cut.rest, "the rest of the read was not left for later"
         finally:
             os.kill(tansu.pid, signal.SIGCONT)
         corrs = []
@@ -611,6 +615,45 @@ async def test_requests_waiting_for_answers_are_bounded_then_all_answered(tansu)
         assert corrs == list(range(1, n + 1))
         assert not conn.client_hold & HOLD_INFLIGHT and not conn.tracker.inflight
         writer.close()
+
+
+async def test_a_read_of_many_frames_is_handled_a_slice_at_a_time(tansu, monkeypatch):
+    """A read holding thousands of tiny frames held the event loop (every other
+    connection) for 0.1-0.4 s. Reads are now handled SLICE_FRAMES frames at a time,
+    reading that side paused in between. With slices of 3 frames: 400 requests
+    written at once (ApiVersions, and Metadata, whose answers are held whole for
+    address rewriting) reach Tansu and are answered in order; every Metadata answer
+    names the proxy's listener; each recorded flow pairs a request with its own
+    answer; another connection is served meanwhile."""
+    from kinspect.proxy import server
+
+    monkeypatch.setattr(server, "SLICE_FRAMES", 3)
+    n = 400
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(n + 1))  # the broker connection is up
+        reqs = [metadata(i) if i % 3 == 0 else api_versions(i) for i in range(1, n + 1)]
+        raw.send(*reqs)
+        other = await asyncio.wait_for(exchange(*proxy.address, [metadata(7)]), 20)
+        assert corr_of(other[0]) == 7
+        answers = [await raw.read(timeout=20) for _ in range(n)]
+        assert [corr_of(a) for a in answers] == list(range(1, n + 1))
+        assert proxy.stats.sliced_reads >= 1  # (the 400 requests came in one read or more)
+        c = codec()
+        for i, a in enumerate(answers, 1):
+            if i % 3 == 0:
+                body = c.decode_response(a, 3, 12).body
+                assert [(b.Host, b.Port) for b in body.Brokers] == [proxy.address], i
+            else:
+                assert c.decode_response(a, 18, 3).body.ErrorCode == 0, i
+        raw.close()
+        await proxy.pipeline.drained()
+        flows = {f.correlation_id: f for f in rec.flows if f.conn == 1}
+        assert sorted(flows) == list(range(1, n + 2))
+        for i in range(1, n + 1):
+            f = flows[i]
+            assert f.api_key == (3 if i % 3 == 0 else 18) and f.error is None, f
+            assert (f.response_sent or f.response) == answers[i - 1], f
 
 
 # ---------------------------------------------------------------------------
@@ -1273,10 +1316,11 @@ async def test_proxy_killed_outright_still_leaves_a_whole_capture(tansu, tmp_pat
 # ---------------------------------------------------------------------------
 
 def _cut_through_case(frames: list[bytes], held: set[int], cuts: list[int], bad: int | None,
-                      max_frame: int = 1 << 16):
+                      max_frame: int = 1 << 16, limit: int = 0):
     """Feed the stream of ``frames`` (then, if ``bad`` is given, a frame with that
     size prefix) in chunks cut at ``cuts`` to CutThrough and, as the oracle, to the
-    codec's FrameSplitter."""
+    codec's FrameSplitter. With ``limit``, each chunk is fed in slices of at most
+    that many frames, as the proxy does (``rest`` fed again until none is left)."""
     from kinspect.codec import FrameSizeError
     from kinspect.codec.frames import FrameSplitter
     from kinspect.proxy.server import RAW, CutThrough
@@ -1294,11 +1338,19 @@ def _cut_through_case(frames: list[bytes], held: set[int], cuts: list[int], bad:
         except FrameSizeError as e:
             oracle = e.frames
             errors.append(e.offset)
-        try:
-            events = cutter.feed(chunk, lambda corr: corr in held)
-        except FrameSizeError as e:
-            events = e.events
-            errors.append(e.offset)
+        events = []
+        data = chunk
+        while data is not None:
+            try:
+                got = cutter.feed(data, lambda corr: corr in held, limit)
+                data = cutter.rest
+            except FrameSizeError as e:
+                got = e.events
+                errors.append(e.offset)
+                data = None
+            if limit:  # a slice: at most ``limit`` frames, and one more started in it
+                assert sum(kind != RAW for kind, _, _ in got) <= limit + 1
+            events += got
         whole = []
         for kind, x, was_held in events:
             if kind == RAW:
@@ -1327,11 +1379,12 @@ def test_cut_through_forwards_every_byte_once_in_order():
     @settings(max_examples=500, deadline=None)
     @given(st.lists(st.binary(max_size=40), max_size=8), st.sets(st.integers(0, 7)),
            st.lists(st.integers(1, 400), max_size=12),
-           st.one_of(st.none(), st.sampled_from([-1, -(1 << 31), (1 << 16) + 1, 1 << 30])))
-    def check(bodies, held, cuts, bad):
+           st.one_of(st.none(), st.sampled_from([-1, -(1 << 31), (1 << 16) + 1, 1 << 30])),
+           st.sampled_from([0, 0, 1, 2, 3]))
+    def check(bodies, held, cuts, bad, limit):
         frames = [struct.pack(">i", i) + b[4:] if len(b) >= 4 else b for i, b in enumerate(bodies)]
         good, stream, out, ends, chunks, early, errors = _cut_through_case(frames, held, cuts,
-                                                                            bad)
+                                                                            bad, limit=limit)
         assert out == good
         assert [f for f, _ in ends] == frames
         for i, (f, was_held) in enumerate(ends):
@@ -1363,8 +1416,9 @@ def test_cut_through_a_stream_cut_anywhere_leaves_its_unsent_bytes_to_pass_on():
 
     @settings(max_examples=400, deadline=None)
     @given(st.lists(st.binary(max_size=300), min_size=1, max_size=6), st.sets(st.integers(0, 5)),
-           st.lists(st.integers(1, 900), max_size=10), st.integers(0, 2000), st.booleans())
-    def check(bodies, held, cuts, stop, own):
+           st.lists(st.integers(1, 900), max_size=10), st.integers(0, 2000), st.booleans(),
+           st.sampled_from([0, 1, 2]), st.integers(0, 3))
+    def check(bodies, held, cuts, stop, own, limit, slices):
         frames = [struct.pack(">i", i) + b[4:] if len(b) >= 4 else b for i, b in enumerate(bodies)]
         stream = b"".join(frame(f) for f in frames)
         stream = stream[:stop % (len(stream) + 1)]
@@ -1388,7 +1442,13 @@ def test_cut_through_a_stream_cut_anywhere_leaves_its_unsent_bytes_to_pass_on():
                         break
                 if not chunk:
                     continue
-            events = cutter.take(chunk, lambda corr: corr in held)
+            events = cutter.take(chunk, lambda corr: corr in held, limit)
+            # the proxy feeds what a slice left (rest) before reading on; the side
+            # may close before that: the last chunk's rest is fed ``slices`` times
+            while cutter.rest is not None and (b < len(stream) or slices):
+                if b == len(stream):
+                    slices -= 1
+                events += cutter.take(cutter.rest, lambda corr: corr in held, limit)
             for kind, x, was_held in events:
                 out += x if kind == RAW else (frame(x) if was_held else b"")
         assert bytes(out) + b"".join(bytes(p) for p in cutter.unsent()) == stream

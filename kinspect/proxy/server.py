@@ -98,6 +98,12 @@ HOLD_INFLIGHT = 8     # MAX_INFLIGHT requests wait for their answers
 #: of a connection at a time (the rest wait in the socket), so this is far beyond
 #: what a client gains by sending ahead.
 MAX_INFLIGHT = 1024
+HOLD_SLICE = 16       # the rest of a read waits for the next loop iteration
+#: frames of one read handled in one event-loop callback: a read of tiny frames (a
+#: 256 KiB read holds some 18,000 frames of 14 bytes) is handled this many at a
+#: time, reading that side paused in between, so that it holds the loop for
+#: milliseconds, not a tenth of a second (other connections wait meanwhile)
+SLICE_FRAMES = 1024
 
 
 def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int]:
@@ -171,6 +177,8 @@ class Stats:
     connection_errors: int = 0
     #: times the pipeline fell so far behind that reading was paused
     overloads: int = 0
+    #: reads of more than SLICE_FRAMES frames, handled a slice at a time
+    sliced_reads: int = 0
     started: float = field(default_factory=time.time)
 
 
@@ -230,6 +238,11 @@ class CutThrough:
     connection closes; a draining connection keeps its request frame's share until
     then).
 
+    Slices: with ``limit``, :meth:`feed` stops at the first frame that starts once
+    it has ``limit`` events, and leaves the bytes from there in :attr:`rest` (to be
+    fed next, before anything read later), so that a chunk of thousands of tiny
+    frames is handled a slice at a time.
+
     Raises:
         FrameSizeError: a size prefix outside ``0..max_frame`` (the stream cannot
             be followed past it). ``events`` on the exception holds the events for
@@ -238,7 +251,7 @@ class CutThrough:
 
     __slots__ = ("max_frame", "left", "hold", "head", "parts", "consumed", "body",
                  "direct_min", "direct_share", "unfilled", "own", "own_view",
-                 "own_data", "fill")
+                 "own_data", "fill", "rest")
 
     def __init__(self, max_frame: int = DEFAULT_MAX_FRAME, direct_min: int = DIRECT_MIN,
                  direct_share: int = DIRECT_SHARE, unfilled: Unfilled | None = None) -> None:
@@ -261,6 +274,9 @@ class CutThrough:
         self.own_view: memoryview | None = None   # writable: where reads go
         self.own_data: memoryview | None = None   # read-only: what is forwarded
         self.fill = 0               # bytes of the frame in ``own`` so far
+        #: bytes of a chunk left unfed when :meth:`feed` stopped at its ``limit``
+        #: (they start a frame); feed them next
+        self.rest: bytes | None = None
 
     @property
     def buffered(self) -> int:
@@ -308,12 +324,12 @@ class CutThrough:
             self.hold = False
         return ev
 
-    def take(self, data: bytes, must_hold) -> list:
+    def take(self, data: bytes, must_hold, limit: int = 0) -> list:
         """:meth:`feed` ``data`` (bytes the event loop read: ``data_received``); then,
         when the frame under way qualifies, give it a buffer of its own (copying in
         what came of it so far), so that the next reads can go straight there
         (:meth:`read_buffer`, :meth:`read_done`; check :attr:`own`)."""
-        ev = self.feed(data, must_hold)
+        ev = self.feed(data, must_hold, limit)
         if self.left and self.parts:
             self._own_buffer()
         return ev
@@ -358,6 +374,8 @@ class CutThrough:
         first bytes of a frame kept back until its size was known, or what came of a
         held frame, its size prefix first. A connection ending mid-frame passes them
         on, so the other side gets what this side sent, as without the proxy."""
+        if self.rest is not None:  # (a frame starts there: nothing else is kept)
+            return [self.rest]
         if self.head:
             return [self.head]
         if not self.hold:
@@ -381,9 +399,22 @@ class CutThrough:
         self.head = b""
         self.left = 0
         self.hold = False
+        self.rest = None
 
-    def feed(self, data: bytes, must_hold) -> list:
+    def feed(self, data: bytes, must_hold, limit: int = 0) -> list:
+        """The events for ``data``, the next bytes of the stream (see the class);
+        with ``limit`` (> 0), stops at the first frame starting once there are that
+        many events, leaving the bytes from there in :attr:`rest`.
+
+        Raises:
+            FrameSizeError: see the class.
+            RuntimeError: while a frame is read into its own buffer, or bytes are
+                left in :attr:`rest` (feed those first).
+        """
         n = len(data)
+        if self.rest is not None and self.rest is not data:
+            raise RuntimeError("CutThrough.feed() with bytes left in rest (feed those first)")
+        self.rest = None
         if not self.left and not self.head and n >= 8:  # the common case: one whole frame
             size = _I(data, 0)[0]
             if size + 4 == n and 4 <= size <= self.max_frame:
@@ -422,6 +453,14 @@ class CutThrough:
                     run = pos
                 continue
             # a frame starts here
+            if limit and len(ev) >= limit:  # the rest in the next slice
+                if 0 <= run < pos:
+                    ev.append((RAW, data[run:pos], False))
+                self.rest = data[pos:]
+                self.left = 0
+                self.hold = False
+                self.consumed += pos
+                return ev
             head = self.head
             hdr = head + bytes(mv[pos:pos + 8 - len(head)]) if head else bytes(mv[pos:pos + 8])
             if len(hdr) >= 4:
@@ -880,7 +919,7 @@ class Connection:
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
                  "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
                  "up_hold", "opened", "closed_ns", "draining", "unsettled", "apis", "simple",
-                 "half_closed", "__weakref__")
+                 "half_closed", "client_side", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -921,6 +960,8 @@ class Connection:
         self.simple = True
         #: the client sent FIN with answers still to come (see client_eof)
         self.half_closed = False
+        #: the client's protocol (_ClientSide), which handles a read's later slices
+        self.client_side: Any = None
 
     def settle(self) -> None:
         """Pair the frames forwarded on the short path (``data_received``), in their
@@ -965,8 +1006,24 @@ class Connection:
         self._from_client(n, self.req_cut.read_done, n)
 
     def client_data(self, data: bytes) -> None:
-        """``data`` was read from the client by the event loop."""
-        self._from_client(len(data), self.req_cut.take, data, self._hold_request)
+        """``data`` was read from the client by the event loop: handled up to
+        :data:`SLICE_FRAMES` frames; the rest waits in ``req_cut.rest`` for
+        :meth:`client_rest`."""
+        n = len(data)
+        cut = self.req_cut
+        if cut.rest is not None:  # (read while a slice waits: not while reading is paused)
+            data, cut.rest = cut.rest + data, None
+        self._from_client(n, cut.take, data, self._hold_request, SLICE_FRAMES)
+        if cut.rest is not None:
+            self.proxy.stats.sliced_reads += 1
+
+    def client_rest(self, limit: int | None = None) -> None:
+        """The next slice of what is left of a read from the client (``req_cut.rest``),
+        of at most ``limit`` frames (:data:`SLICE_FRAMES` when ``None``, 0: all)."""
+        cut = self.req_cut
+        if cut.rest is not None:
+            self._from_client(0, cut.take, cut.rest, self._hold_request,
+                              SLICE_FRAMES if limit is None else limit)
 
     def _from_client(self, n: int, framing: Callable[..., list], *args: Any) -> None:
         """``n`` bytes read from the client: framed by ``framing(*args)`` (a
@@ -989,7 +1046,8 @@ class Connection:
 
     def _inflight_check(self) -> None:
         """Many requests may be waiting for answers: stop reading the client while
-        :data:`MAX_INFLIGHT` do (counted once the frames of the short path are paired)."""
+        :data:`MAX_INFLIGHT` do (counted once the frames of the short path are paired).
+        The rest of a read past the mark (its later slices) waits too, as bytes."""
         if not self.client_hold & HOLD_INFLIGHT and not self.closed:
             self.proxy.settle()
             if len(self.tracker.inflight) >= MAX_INFLIGHT:
@@ -1001,6 +1059,8 @@ class Connection:
         self.proxy.settle()
         if len(self.tracker.inflight) <= MAX_INFLIGHT // 2:
             self.resume_client(HOLD_INFLIGHT)
+            if self.req_cut.rest is not None and self.client_side is not None:
+                self.client_side.slice_later()  # the rest of the read that passed the mark
 
     def _requests(self, events: list, error: FrameSizeError | None) -> None:
         proxy = self.proxy
@@ -1057,8 +1117,21 @@ class Connection:
         self._from_broker(n, self.resp_cut.read_done, n)
 
     def upstream_data(self, data: bytes) -> None:
-        """``data`` was read from the broker by the event loop."""
-        self._from_broker(len(data), self.resp_cut.take, data, self._must_hold)
+        """``data`` was read from the broker by the event loop (handled a slice at a
+        time, as :meth:`client_data`)."""
+        n = len(data)
+        cut = self.resp_cut
+        if cut.rest is not None:  # (as in client_data)
+            data, cut.rest = cut.rest + data, None
+        self._from_broker(n, cut.take, data, self._must_hold, SLICE_FRAMES)
+        if cut.rest is not None:
+            self.proxy.stats.sliced_reads += 1
+
+    def upstream_rest(self) -> None:
+        """The next slice of what is left of a read from the broker (``resp_cut.rest``)."""
+        cut = self.resp_cut
+        if cut.rest is not None:
+            self._from_broker(0, cut.take, cut.rest, self._must_hold, SLICE_FRAMES)
 
     def _from_broker(self, n: int, framing: Callable[..., list], *args: Any) -> None:
         """``n`` bytes read from the broker: framed by ``framing(*args)`` (a
@@ -1207,7 +1280,7 @@ class Connection:
         cut = self.req_cut
         up = self.up_tr
         if up is None or up.is_closing() or not self.tracker.inflight or cut.left \
-                or cut.head or cut.own is not None:
+                or cut.head or cut.own is not None or cut.rest is not None:
             self.close(None)
             return False
         try:
@@ -1236,7 +1309,10 @@ class Connection:
 
     def drain(self) -> None:
         """Shutting down: stop forwarding requests (what the client still sends
-        is read and dropped); responses to forwarded requests still go through."""
+        is read and dropped); responses to forwarded requests still go through.
+        Requests read before, and not handled yet (a slice of a read), go first."""
+        if not self.closed:
+            self.client_rest(0)
         self.draining = True
         self._early = []
         self.resume_upstream(HOLD_PIPELINE)
@@ -1395,6 +1471,7 @@ class _ClientSide(asyncio.Protocol):
         self.conn: Connection | None = None
         self.transport: asyncio.Transport | None = None
         self.frame_side: _FrameSide | None = None
+        self.slice_due = False  # _next_slice is scheduled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         proxy = self.proxy
@@ -1405,6 +1482,7 @@ class _ClientSide(asyncio.Protocol):
         self.transport = tr
         _nodelay(tr)
         conn = self.conn = Connection(proxy, self.listener, tr)
+        conn.client_side = self
         self.frame_side = _FrameSide(self, conn, client=True)
         tr.pause_reading()  # until the broker connection is up; resumed by upstream_ready
         proxy.connections.add(conn)
@@ -1445,7 +1523,7 @@ class _ClientSide(asyncio.Protocol):
         # it. Forwarded as client_data() would (CutThrough.feed's first branch);
         # paired later (Connection.settle).
         if n >= 12 and conn.up_tr is not None and not conn.closed and not conn.draining \
-                and not cut.left and not cut.head and conn.simple \
+                and not cut.left and not cut.head and cut.rest is None and conn.simple \
                 and self.proxy.request_mutator is None:
             size = _I(data, 0)[0]
             if size + 4 == n and size <= cut.max_frame:
@@ -1494,8 +1572,37 @@ class _ClientSide(asyncio.Protocol):
                     conn._inflight_check()
                 return
         conn.client_data(data)
-        if cut.own is not None and not conn.closed:  # a large frame: read it in place
+        self._after(conn, cut)
+
+    def _after(self, conn: Connection, cut: CutThrough) -> None:
+        """After a read (or a slice of one) was handled: the rest of it at the next
+        loop iteration, reading paused meanwhile; or read a large frame in place."""
+        if conn.closed:
+            return
+        if cut.rest is not None:
+            if not conn.client_hold & HOLD_SLICE:
+                conn.pause_client(HOLD_SLICE)
+            if not conn.client_hold & HOLD_INFLIGHT:  # else once answers come
+                self.slice_later()
+            return
+        if cut.own is not None:  # a large frame: read it in place
             self.transport.set_protocol(self.frame_side)
+        if conn.client_hold & HOLD_SLICE:
+            conn.resume_client(HOLD_SLICE)
+
+    def slice_later(self) -> None:
+        """Handle the next slice of the read at the next loop iteration (once)."""
+        if not self.slice_due:
+            self.slice_due = True
+            asyncio.get_running_loop().call_soon(self._next_slice)
+
+    def _next_slice(self) -> None:
+        self.slice_due = False
+        conn = self.conn
+        if conn.req_cut.rest is None or conn.client_hold & HOLD_INFLIGHT:
+            return  # ended (or drained) meanwhile; or MAX_INFLIGHT wait for answers
+        conn.client_rest()
+        self._after(conn, conn.req_cut)
 
     def eof_received(self) -> bool:
         if self.conn is not None:
@@ -1561,6 +1668,7 @@ class _UpstreamSide(asyncio.Protocol):
         self.conn = conn
         self.transport: asyncio.Transport | None = None
         self.frame_side = _FrameSide(self, conn, client=False)
+        self.slice_due = False  # _next_slice is scheduled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -1573,7 +1681,8 @@ class _UpstreamSide(asyncio.Protocol):
         # read is one whole response frame, and nothing but address rewriting may
         # change it (a response mutator takes the long way). What upstream_data()
         # does for such a frame; paired later (Connection.settle).
-        if n >= 8 and not conn.closed and not cut.left and not cut.head and conn.simple:
+        if n >= 8 and not conn.closed and not cut.left and not cut.head and cut.rest is None \
+                and conn.simple:
             size, corr = _II(data, 0)
             proxy = conn.proxy
             if size + 4 == n and size <= cut.max_frame and proxy.response_mutator is None:
@@ -1634,8 +1743,31 @@ class _UpstreamSide(asyncio.Protocol):
                     conn._inflight_answered()
                 return
         conn.upstream_data(data)
-        if cut.own is not None and not conn.closed:  # a large frame: read it in place
+        self._after(conn, cut)
+
+    def _after(self, conn: Connection, cut: CutThrough) -> None:
+        """As :meth:`_ClientSide._after`, for reads from the broker."""
+        if conn.closed:
+            return
+        if cut.rest is not None:
+            if not conn.up_hold & HOLD_SLICE:
+                conn.pause_upstream(HOLD_SLICE)
+            if not self.slice_due:
+                self.slice_due = True
+                asyncio.get_running_loop().call_soon(self._next_slice)
+            return
+        if cut.own is not None:  # a large frame: read it in place
             self.transport.set_protocol(self.frame_side)
+        if conn.up_hold & HOLD_SLICE:
+            conn.resume_upstream(HOLD_SLICE)
+
+    def _next_slice(self) -> None:
+        self.slice_due = False
+        conn = self.conn
+        if conn.resp_cut.rest is None:  # ended meanwhile
+            return
+        conn.upstream_rest()
+        self._after(conn, conn.resp_cut)
 
     def eof_received(self) -> bool:
         self.conn.close("broker closed the connection")
