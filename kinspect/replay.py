@@ -831,6 +831,11 @@ class Replayer:
         upstream: ``(host, port)`` of the broker every connection goes to.
         speed: replay speed relative to the recording (2.0 = twice as fast);
             ``None`` = as fast as the recorded ordering allows.
+        max_gap: longest pause between two consecutive requests, in seconds after
+            ``speed`` (tcpreplay's ``--maxsleep``): a longer gap in the recording (an
+            idle hour, a clock stepped forward) is shortened to it, and everything
+            after it moves earlier by the difference; a note says how many were.
+            ``None``: pauses as recorded.
         ignore: volatile-field patterns (:class:`IgnoreRules`); default
             :data:`DEFAULT_IGNORE`.
         select: predicate picking the flows to replay (others are skipped).
@@ -854,12 +859,15 @@ class Replayer:
                  select: Callable[[Flow], bool] | None = None, timeout: float = 30.0,
                  connect_timeout: float = 10.0,
                  progress: Callable[[FlowResult], None] | None = None,
-                 send_redacted: bool = False):
+                 send_redacted: bool = False, max_gap: float | None = None):
         if speed is not None and speed <= 0:
             raise ValueError("speed must be positive")
+        if max_gap is not None and not max_gap >= 0:
+            raise ValueError("max_gap must be 0 or more")
         self.codec = codec
         self.upstream = upstream
         self.speed = speed
+        self.max_gap = max_gap
         self.rules = IgnoreRules(DEFAULT_IGNORE if ignore is None else ignore)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -926,14 +934,37 @@ class Replayer:
                 out[f.id] = [g.id for g in cur.before(f)]
         return out
 
+    def schedule(self) -> dict[int, float]:
+        """``request_ns -> seconds after the start`` at which the selected requests
+        recorded then are sent (``speed`` and ``max_gap`` applied; empty without a
+        ``speed``). Shortened gaps are noted in :attr:`notes` (once)."""
+        if self.speed is None:
+            return {}
+        out: dict[int, float] = {}
+        at, prev, shortened = 0.0, None, 0
+        for t in sorted({f.request_ns for f in self.selected}):
+            if prev is not None:
+                gap = (t - prev) / 1e9 / self.speed
+                if self.max_gap is not None and gap > self.max_gap:
+                    gap = self.max_gap
+                    shortened += 1
+                at += gap
+            out[t] = at
+            prev = t
+        if shortened:
+            note = (f"{shortened} recorded pause(s) between requests longer than "
+                    f"{self.max_gap:g} s shortened to {self.max_gap:g} s (max gap)")
+            if note not in self.notes:
+                self.notes.append(note)
+        return out
+
     # -- main ------------------------------------------------------------------
     async def run(self) -> ReplayReport:
         t_start = time.monotonic()
         loop = asyncio.get_running_loop()
         self._done = {f.id: asyncio.Event() for f in self.selected}
-        t0 = min((f.request_ns for f in self.selected), default=0)
+        self._at = self.schedule()
         self._wall0 = loop.time()
-        self._t0 = t0
         await asyncio.gather(*(self._run_conn(cid, lst) for cid, lst in self._conns.items()))
         for r in self._order:
             if r.status == SKIPPED and not r.explanation:
@@ -956,8 +987,7 @@ class Replayer:
         try:
             for f in flows:
                 if self.speed is not None:
-                    at = self._wall0 + (f.request_ns - self._t0) / 1e9 / self.speed
-                    delay = at - loop.time()
+                    delay = self._wall0 + self._at[f.request_ns] - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
                 await self._wait_deps(f, cur)

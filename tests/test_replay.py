@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
 
 import pytest
 from proxyutil import codec, record_session, request_bytes
@@ -582,3 +584,49 @@ def test_replay_of_a_response_recorded_before_its_request_ends(tmp_path, free_po
                    connect_timeout=2)
     report = asyncio.run(asyncio.wait_for(rep.run(), 30))
     assert [r.status for r in report.results] == ["failed"] * 4
+
+
+def test_max_gap_shortens_long_recorded_pauses_and_says_so():
+    """``speed`` spaces requests as recorded; ``max_gap`` caps each pause between
+    consecutive requests (after ``speed``) and moves what follows earlier, like
+    tcpreplay's --maxsleep. A timestamp centuries ahead (a clock stepped forward)
+    made ``--speed 1`` wait it out."""
+    century = 100 * 365 * 86400 * 10**9
+    flows = _timed_flows([(1, 1, 0, 10), (2, 2, 2 * 10**9, 2 * 10**9 + 10),
+                          (3, 1, century, century + 10), (4, 2, century + 10**9, century + 20)])
+    as_recorded = Replayer(codec(), flows, ("127.0.0.1", 1), speed=2.0)
+    assert as_recorded.schedule() == {0: 0.0, 2 * 10**9: 1.0, century: century / 2e9,
+                                      century + 10**9: century / 2e9 + 0.5}
+    capped = Replayer(codec(), flows, ("127.0.0.1", 1), speed=2.0, max_gap=0.75)
+    assert capped.schedule() == {0: 0.0, 2 * 10**9: 0.75, century: 1.5, century + 10**9: 2.0}
+    assert sum("2 recorded pause(s)" in n and "0.75 s" in n for n in capped.notes) == 1
+    capped.schedule()  # (the command asks first, to print the span)
+    assert sum("max gap" in n for n in capped.notes) == 1
+    assert not any("max gap" in n for n in as_recorded.notes)
+    assert Replayer(codec(), flows, ("127.0.0.1", 1), speed=None, max_gap=1).schedule() == {}
+    with pytest.raises(ValueError):
+        Replayer(codec(), flows, ("127.0.0.1", 1), max_gap=-1)
+
+
+def test_replay_with_max_gap_ends_despite_a_century_long_pause(tmp_path, free_port):
+    """End to end through a capture file and the command: with ``--max-gap 0.2`` a
+    capture whose second request is recorded a century after the first is replayed
+    in well under a minute (both fail: nothing listens), and the report notes it."""
+    c = codec()
+    century = 100 * 365 * 86400 * 10**9
+    flows = _timed_flows([(1, 1, 0, 10), (2, 1, century, century + 10)])
+    path = tmp_path / "gap.jsonl"
+    w = CaptureWriter(path, c, upstream="127.0.0.1:9092")
+    for f in flows:
+        w.write_frame(f, "req", f.request, None, f.request_ns)
+        w.write_frame(f, "resp", f.response, None, f.response_ns)
+    w.close()
+    report_path = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "kinspect", "replay", str(path), "--upstream",
+                           f"127.0.0.1:{free_port}", "--timeout", "1", "--max-gap", "0.2",
+                           "--report", str(report_path)], capture_output=True, text=True,
+                          timeout=120)  # (without the cap it would wait a century)
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(report_path.read_text())
+    assert [f["status"] for f in report["flows"]] == ["failed", "failed"]
+    assert any("shortened to 0.2 s" in n for n in report["notes"])

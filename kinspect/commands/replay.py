@@ -32,6 +32,7 @@ from . import (
     capture_path,
     hostport,
     make_codec,
+    nonnegative_float,
     plain_help,
     positive_float,
 )
@@ -52,6 +53,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="replay N times as fast as recorded (default 1)")
     timing.add_argument("--as-fast-as-possible", action="store_true",
                         help="no pauses: only the recorded ordering is kept")
+    p.add_argument("--max-gap", type=nonnegative_float, metavar="S",
+                   help="pause at most S seconds between two requests (after --speed): "
+                        "longer recorded gaps are shortened, like tcpreplay's --maxsleep")
     p.add_argument("--report", metavar="FILE",
                    help="write every flow's result and differences as JSON")
     p.add_argument("--ignore", action="extend", nargs="+", default=[], metavar="FIELD",
@@ -121,7 +125,14 @@ def run(args: argparse.Namespace) -> int:
 
         replayer = Replayer(codec, flows, upstream, speed=speed, ignore=ignore, select=select,
                             timeout=args.timeout, progress=on_result,
-                            send_redacted=args.send_redacted)
+                            send_redacted=args.send_redacted, max_gap=args.max_gap)
+        if speed is not None:
+            plan = replayer.schedule()
+            span = max(plan.values(), default=0.0)
+            if span > 600:
+                console.print(f"[yellow]the replay follows the recorded timing: its requests "
+                              f"span {_duration(span)}[/] (--max-gap S shortens pauses, "
+                              f"--as-fast-as-possible drops them)")
         task = progress.add_task("replay", total=len(replayer.selected), counts=text())
         report = run_with_uvloop(replayer.run())
 
@@ -169,6 +180,14 @@ def print_summary(console, report, capture: str) -> None:
                       f"(conn {r.flow.conn}) {r.status}[/]: {escape(r.explanation)}")
     if len(bad) > 20:
         console.print(f"... and {len(bad) - 20} more (see --report)")
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` in the largest unit that keeps it at least 1 (minutes to years)."""
+    for unit, size in (("years", 365.25 * 86400), ("days", 86400), ("hours", 3600)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds / 60:.1f} minutes"
 
 
 def _nz(n: int, color: str) -> str:
