@@ -131,6 +131,13 @@ INVALID = [
     (_msg([_f(versions=-1)]), "F", "out of range 0..32767"),
     (_msg([_f()], validVersions=True), None, "not a string or an integer"),
     (_msg([_f()], deprecatedVersions={"x": 1}), None, "not a string or an integer"),
+    # Kafka's MessageSpec and FieldSpec read these as a list of names, a boolean and a
+    # string (Jackson turns "true" into a boolean, not "yes"; an object into no string)
+    (_msg([_f()], listeners={"a": 1}), None, "'listeners' must be a list of names"),
+    (_msg([_f()], listeners=["broker", 1]), None, "'listeners' must be a list of names"),
+    (_msg([_f()], latestVersionUnstable="yes"), None, "latestVersionUnstable must be a boolean"),
+    (_msg([_f(about={"a": [1]})]), "F", "about must be a string"),
+    (_msg([_f(about=3)]), "F", "about must be a string"),
 ]
 
 
@@ -158,6 +165,9 @@ def test_entity_types_and_open_ended_flexible_versions_kafka_accepts():
     assert c.spec.fields[0].entity_type == "topicName"
     assert c.spec.fields[3].default is None
     inline(_msg([_f()], flexibleVersions="none"))
+    # listeners, latestVersionUnstable (as Jackson reads "true") and about as Kafka has them
+    inline(_msg([_f(about=None)], listeners=["broker", "controller"],
+                latestVersionUnstable="true"))
 
 
 @pytest.mark.parametrize("number", [-3, -1, 0, 7, 32767, 32768, 100000])

@@ -274,6 +274,14 @@ def parse_message_spec(doc: Any, source: str) -> MessageSpec:
     for key in ("listeners", "latestVersionUnstable"):
         if doc.get(key) and mtype != "request":
             raise SpecError(f"{key} is only valid for messages of type request", source)
+    listeners = doc.get("listeners")
+    if listeners is not None and (not isinstance(listeners, list) or
+                                  not all(isinstance(x, str) for x in listeners)):
+        raise SpecError(f"'listeners' must be a list of names, got {listeners!r}", source)
+    unstable = doc.get("latestVersionUnstable", False)
+    if unstable is not None and not isinstance(unstable, bool) and unstable not in ("true",
+                                                                                   "false"):
+        raise SpecError(f"latestVersionUnstable must be a boolean, got {unstable!r}", source)
     if not isinstance(doc.get("fields"), list):
         raise SpecError("missing 'fields' list", source)
 
@@ -309,8 +317,8 @@ def parse_message_spec(doc: Any, source: str) -> MessageSpec:
         name=name, type=mtype, api_key=api_key if mtype in ("request", "response") else api_key,
         valid_versions=valid, flexible_versions=flexible, struct=top,
         common_structs={n: ctx.structs[n] for n in ctx.common_docs},
-        source=source, listeners=list(doc.get("listeners") or []),
-        latest_version_unstable=bool(doc.get("latestVersionUnstable", False)),
+        source=source, listeners=list(listeners or []),
+        latest_version_unstable=unstable in (True, "true"),
         deprecated_versions=deprecated,
     )
     for s in msg.structs():
@@ -471,7 +479,7 @@ class _Context:
             name=name, type=ftype, versions=versions, nullable_versions=nullable,
             tagged_versions=tagged, tag=tag, flexible_versions=flex_override,
             ignorable=_bool(d, "ignorable", self, path), map_key=_bool(d, "mapKey", self, path),
-            entity_type=d.get("entityType"), about=str(d.get("about", "")),
+            entity_type=d.get("entityType"), about=_about(d, self, path),
             zero_copy=_bool(d, "zeroCopy", self, path), path=path,
         )
         entity = f.entity_type
@@ -526,6 +534,16 @@ def _check_keys(d: dict, allowed: set[str], source: str, path: str | None) -> No
     if unknown:
         raise SpecError(f"unknown propert{'y' if len(unknown) == 1 else 'ies'} "
                         f"{', '.join(unknown)}", source, path)
+
+
+def _about(d: dict, ctx: _Context, path: str) -> str:
+    """A field's ``about`` text: a string (or null, as Kafka's FieldSpec takes it)."""
+    v = d.get("about")
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise ctx.err(f"about must be a string, got {v!r}", path)
+    return v
 
 
 def _bool(d: dict, key: str, ctx: _Context, path: str) -> bool:
