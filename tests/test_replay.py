@@ -512,6 +512,16 @@ def _timed_flows(times) -> list:
     return out
 
 
+def _write_capture(path, flows, c):
+    """A capture file of ``flows`` (each request and response at its recorded time)."""
+    w = CaptureWriter(path, c, upstream="127.0.0.1:9092")
+    for f in flows:
+        w.write_frame(f, "req", f.request, None, f.request_ns)
+        w.write_frame(f, "resp", f.response, None, f.response_ns)
+    w.close()
+    return path
+
+
 def _assert_well_founded(flows, deps) -> None:
     """Every wait points to a flow earlier in capture order (so none is on itself and
     none can close a cycle); each connection sends in capture order."""
@@ -571,12 +581,7 @@ def test_replay_of_a_response_recorded_before_its_request_ends(tmp_path, free_po
     c = codec()
     flows = _timed_flows([(1, 1, 100, 50), (2, 2, 200, 150), (3, 1, 300, 120),
                           (4, 2, 110, 400)])
-    path = tmp_path / "stepped.jsonl"
-    w = CaptureWriter(path, c, upstream="127.0.0.1:9092")
-    for f in flows:
-        w.write_frame(f, "req", f.request, None, f.request_ns)
-        w.write_frame(f, "resp", f.response, None, f.response_ns)
-    w.close()
+    path = _write_capture(tmp_path / "stepped.jsonl", flows, c)
     loaded = load_flows(path, c)
     assert [(f.request_ns, f.response_ns) for f in loaded] == [(100, 50), (200, 150),
                                                                (300, 120), (110, 400)]
@@ -615,12 +620,7 @@ def test_replay_with_max_gap_ends_despite_a_century_long_pause(tmp_path, free_po
     c = codec()
     century = 100 * 365 * 86400 * 10**9
     flows = _timed_flows([(1, 1, 0, 10), (2, 1, century, century + 10)])
-    path = tmp_path / "gap.jsonl"
-    w = CaptureWriter(path, c, upstream="127.0.0.1:9092")
-    for f in flows:
-        w.write_frame(f, "req", f.request, None, f.request_ns)
-        w.write_frame(f, "resp", f.response, None, f.response_ns)
-    w.close()
+    path = _write_capture(tmp_path / "gap.jsonl", flows, c)
     report_path = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "kinspect", "replay", str(path), "--upstream",
                            f"127.0.0.1:{free_port}", "--timeout", "1", "--max-gap", "0.2",
