@@ -501,6 +501,188 @@ def test_a_corrupt_line_is_an_error_in_both_engines_and_a_torn_last_line_a_warni
     assert parquet_rows(tmp_path / "torn-out", "flows") == ref["flows"]
 
 
+MAX_ID = 2**63 - 1
+
+
+def _both_fail(spark, d: Path, out: Path) -> tuple[str, str]:
+    """The CaptureError texts of both engines on the captures in ``d``."""
+    from kinspect.capture import CaptureError
+
+    with pytest.raises(CaptureError) as ref_err:
+        reference.compute([d], what_if=False)
+    with pytest.raises(CaptureError) as job_err:
+        run_job(spark, [str(d)], out, what_if=False)
+    return str(ref_err.value), str(job_err.value)
+
+
+def test_lone_surrogates_in_line_strings_are_written_as_u_fffd(spark, sample, tmp_path):
+    """A JSON escape such as "\ud800" is valid JSON but decodes to a lone surrogate,
+    which Parquet cannot hold (the python engine raised UnicodeEncodeError; Spark
+    wrote "?"). Both engines write each lone surrogate of a line's client,
+    upstream and flags as U+FFFD and keep a surrogate pair, and an escaped
+    backslash followed by "ud800" stays that text."""
+    _, caps = sample
+    # client text per connection (conn % 4), and what the tables must hold
+    clients = {0: ("\udc80\ud800:1", "\ufffd\ufffd:1"),
+               1: ("\\ud800", "\\ud800"),  # a backslash, then "ud800": no escape
+               2: ("\U0001f600:2", "\U0001f600:2"),  # written as a pair of escapes
+               3: ("\\\ud800:3", "\\\ufffd:3")}  # a backslash, then a lone surrogate
+    out_lines = []
+    for raw in (caps / "a.jsonl").read_bytes().splitlines():
+        rec = json.loads(raw)
+        if rec.get("type") == "frame":
+            rec["client"] = clients[rec["conn"] % 4][0]
+            rec["upstream"] = "UPSTREAM"
+            rec["flags"] = [*rec.get("flags", ()), "\ud800", "x"]
+        text = json.dumps(rec)  # ensure_ascii: every surrogate written as an escape
+        # upper-case hex: a pair (U+10FFFF), then a lone high surrogate
+        out_lines.append(text.replace('"UPSTREAM"', '"\\uDBFF\\uDFFF\\uDBFFx"'))
+    assert "\\udc80\\ud800:1" in "".join(out_lines)
+    d = tmp_path / "caps"
+    d.mkdir()
+    (d / "s.jsonl").write_text("\n".join(out_lines) + "\n")
+
+    ref = reference.compute([d])
+    reference.write_tables(ref, tmp_path / "py")  # Parquet takes them now
+    run_job(spark, [str(d)], tmp_path / "spark")
+    for out in (tmp_path / "py", tmp_path / "spark"):
+        flows = parquet_rows(out, "flows")
+        assert flows
+        assert {f["client"] for f in flows} == {want for _, want in clients.values()}
+        for f in flows:
+            assert f["client"] == clients[f["conn"] % 4][1]
+            assert f["upstream"] == "\U0010ffff\ufffdx"
+            assert "\ufffd" in f["flags"] and "x" in f["flags"]
+            assert not any("\ud800" <= c <= "\udfff" for c in f["client"] + "".join(f["flags"]))
+    for table in schema.TABLES:
+        assert parquet_rows(tmp_path / "spark", table) == parquet_rows(tmp_path / "py", table)
+
+    # a file name that is not UTF-8 (lone surrogates in Python) names its capture
+    # with U+FFFD; Spark cannot open such a path (Java paths are text) and says so
+    from kinspect.capture import CaptureError
+
+    d = tmp_path / "names"
+    d.mkdir()
+    (d / os.fsdecode(b"\xffcap.jsonl")).write_bytes((caps / "a.jsonl").read_bytes())
+    ref = reference.compute([d], what_if=False)
+    reference.write_tables(ref, tmp_path / "named")
+    assert {f["capture"] for f in parquet_rows(tmp_path / "named", "flows")} == \
+        {"\ufffdcap.jsonl"}
+    with pytest.raises(CaptureError, match="not UTF-8; rename it"):
+        run_job(spark, [str(d)], tmp_path / "named-spark", what_if=False)
+
+
+def test_ids_moved_past_64_bits_in_appended_captures_are_an_error_naming_the_line(
+        spark, sample, tmp_path, capsys):
+    """``cat a.jsonl b.jsonl``: b's connections and flows are moved past a's ids; when
+    that passes 2**63-1 (a's ids near it) both engines stop with the same
+    CaptureError naming the file, the line and the id (OverflowError before), and
+    the command exits with 1 and no traceback."""
+    from kinspect.cli import main
+
+    _, caps = sample
+    lines = (caps / "a.jsonl").read_bytes().splitlines(keepends=True)
+
+    def first_with(key: str) -> tuple[int, int]:
+        """1-based line of the second capture's first line holding ``key``, its value."""
+        for n, raw in enumerate(lines, len(lines) + 1):
+            rec = json.loads(raw)
+            if rec.get("type") in ("conn", "frame") and key in rec:
+                return n, rec[key]
+        raise AssertionError(key)
+
+    for key in ("conn", "flow"):
+        big = [re.sub(rb'"%s":\d+' % key.encode(), b'"%s":%d' % (key.encode(), MAX_ID), x)
+               for x in lines]
+        assert big != lines
+        d = tmp_path / key
+        d.mkdir()
+        (d / "c.jsonl").write_bytes(b"".join(big + lines))
+        n, value = first_with(key)
+        base = MAX_ID  # the highest id before it
+        ref_text, job_text = _both_fail(spark, d, tmp_path / "out")
+        assert ref_text == job_text
+        assert ref_text.startswith(f"{d / 'c.jsonl'}:{n}: {key!r} {value} ")
+        assert str(value + base) in ref_text and "2**63-1" in ref_text
+
+    assert main(["analyze", str(tmp_path / "conn"), "--out", str(tmp_path / "cli"),
+                 "--engine", "python", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert "kinspect: error:" in err and "c.jsonl:" in err and "Traceback" not in err
+
+
+def test_a_frame_that_is_not_base64_is_an_error_in_both_engines(spark, tmp_path):
+    """``frame``/``frame_sent`` are strict base64 strings, as ``kinspect show`` reads
+    them: a number, ``true``, a list, characters outside the alphabet or bad
+    padding stop both engines with the same CaptureError naming the key and line
+    (a TypeError, or bytes made up by lenient decoding, before). A string of
+    digits, or "true", is base64 text and is read."""
+    session = json.dumps({"type": "session", "start_ns": 1, "part": 0})
+
+    def capture(req_extra: str) -> str:
+        req = ('{"type":"frame","ts_ns":1,"conn":1,"dir":"req","flow":1,"api_key":18,'
+               '"api_version":4,"correlation_id":1,' + req_extra + "}")
+        resp = ('{"type":"frame","ts_ns":2,"conn":1,"dir":"resp","flow":1,"api_key":18,'
+                '"api_version":4,"correlation_id":1,"frame":"AAAAAQAA"}')
+        return "\n".join([session, req, resp]) + "\n"
+
+    bad = {"int": ('"frame":123', "frame"),
+           "digits_int": ('"frame":1234', "frame"),  # its text "1234" is base64
+           "true": ('"frame":true', "frame"),
+           "bang": ('"frame":"!!!!"', "frame"),
+           "padding": ('"frame":"AAAAA"', "frame"),
+           "inner_pad": ('"frame":"AA=A"', "frame"),
+           "newline": ('"frame":"AAAA\\n"', "frame"),
+           "sent_list": ('"frame":"AAAA","frame_sent":[1]', "frame_sent"),
+           "sent_big": ('"frame":"AAAA","frame_sent":12345678901234567890123456789012',
+                        "frame_sent")}
+    for name, (extra, key) in bad.items():
+        d = tmp_path / name
+        d.mkdir()
+        (d / f"{name}.jsonl").write_text(capture(extra))
+        ref_text, job_text = _both_fail(spark, d, tmp_path / "out")
+        assert ref_text == job_text == f"{d / f'{name}.jsonl'}:2: {key} is not base64", name
+
+    d = tmp_path / "good"
+    d.mkdir()
+    (d / "digits.jsonl").write_text(capture('"frame":"1234"'))
+    (d / "true.jsonl").write_text(capture('"frame":"true","frame_sent":""'))
+    ref = reference.compute([d], what_if=False)
+    run_job(spark, [str(d)], tmp_path / "good-out", what_if=False)
+    flows = parquet_rows(tmp_path / "good-out", "flows")
+    assert flows == ref["flows"]
+    assert sorted(f["request_bytes"] for f in flows) == [3, 3]  # 4 base64 letters: 3 bytes
+
+
+def test_lines_without_type_are_frame_lines_in_both_engines(spark, sample, tmp_path):
+    """capture.py's readers (``show``, ``export``...) take a line without ``type`` as
+    a frame line (captures of other tools); analyze dropped them. Without the
+    key the frames give the flows they give with it; ``"type": null`` is no frame
+    line, as for those readers."""
+    _, caps = sample
+    lines = (caps / "a.jsonl").read_bytes().splitlines(keepends=True)
+    untyped = [x.replace(b'"type":"frame",', b"", 1) for x in lines]
+    assert sum(b'"type":"frame"' in x for x in untyped) == 0
+    i = next(n for n, x in enumerate(lines) if b'"dir":"req"' in x)
+    null = re.sub(rb'"correlation_id":\d+', b'"correlation_id":987654',
+                  lines[i].replace(b'"type":"frame"', b'"type":null', 1), count=1)
+    assert json.loads(null)["type"] is None
+    d = tmp_path / "caps"
+    d.mkdir()
+    (d / "t.jsonl").write_bytes(b"".join(lines))
+    (d / "u.jsonl").write_bytes(b"".join(untyped[:i + 1] + [null] + untyped[i + 1:]))
+    requests = sum(b'"dir":"req"' in x for x in lines)
+
+    ref = reference.compute([d], what_if=False)
+    run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+    for flows in (ref["flows"], parquet_rows(tmp_path / "out", "flows")):
+        typed = [{**f, "capture": None} for f in flows if f["capture"] == "t.jsonl"]
+        bare = [{**f, "capture": None} for f in flows if f["capture"] == "u.jsonl"]
+        assert sum(f["request_bytes"] is not None for f in typed) == requests
+        assert bare == typed
+    assert parquet_rows(tmp_path / "out", "flows") == ref["flows"]
+
+
 def test_rotated_parts_pair_in_part_order_without_timestamps(spark, tmp_path):
     """Lines without ``ts_ns`` (another tool's capture) pair in line order; across
     rotated parts that is part order, whatever order Spark reads the files in (it

@@ -13,6 +13,11 @@ same tables in one process):
 1. capture lines are read with ``spark.read.text`` (gzip by file suffix) and
    parsed with ``from_json``; a torn last line parses to null and is dropped with
    a warning, another line that is not JSON is an error (as the reference reads);
+   so are a frame line's ``frame``/``frame_sent`` that is not base64 and an id of
+   an appended capture moved past 2**63-1 (the first such line, in file order, is
+   named); a line without ``type`` is a frame line, and lone-surrogate escapes
+   (``"\\ud800"``) are read as U+FFFD (:func:`_valid_json_text`; definitions in
+   :mod:`kinspect.analysis.reference`);
 2. frames are numbered per (capture, connection, direction, correlation id) and
    requests joined with responses on (capture, connection, correlation id, n);
 3. pairs are decoded on the executors with ``mapInArrow``: each Python worker
@@ -62,7 +67,7 @@ from typing import Any
 import pyarrow as pa
 
 from kinspect.analysis import schema
-from kinspect.analysis.reference import PERCENTILES, capture_files
+from kinspect.analysis.reference import PERCENTILES, capture_files, valid_text
 from kinspect.analysis.summary import AnalysisResult
 
 #: JSON fields of a capture line the job reads (others are ignored)
@@ -361,14 +366,75 @@ def _uri_name(name: str) -> str:
         for c in name)
 
 
+#: (Java regex, replacement) passes making each lone-surrogate escape of a JSON line
+#: (``\ud800`` not followed by a low one, ``\udc00`` not after a high one) U+FFFD,
+#: which ``from_json`` would make "?" (Java's UTF-8 encoder); a pair is kept. The
+#: first pass writes each escaped backslash (``\\``) as ``\u005c`` (the same
+#: character), so that every backslash left starts an escape.
+_SURROGATE_PASSES = (
+    (r"\\\\", r"\\u005c"),
+    (r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})", "\ufffd"),
+    (r"(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}", "\ufffd"),
+)
+#: strict base64 text (``pybase64.b64decode(validate=True)``, with a length that is a
+#: multiple of 4: :func:`kinspect.analysis.reference.bad_frame_key`)
+_BASE64 = r"\A[A-Za-z0-9+/]*={0,2}\z"
+#: what ``from_json`` makes of a JSON number or ``true`` read as a string, when
+#: that could be base64 text too (a float has a ".", ``false`` 5 letters)
+_MAYBE_NOT_STRING = r"\A(?:true|[0-9]+)\z"
+
+
+def _valid_json_text(value):
+    """The JSON line ``value`` (a string column) with each lone-surrogate escape
+    replaced by U+FFFD (:data:`_SURROGATE_PASSES`), as
+    :func:`kinspect.analysis.reference.valid_text` makes the parsed strings; only
+    lines holding ``\\ud``/``\\uD`` are rewritten."""
+    from pyspark.sql import functions as F
+
+    fixed = value
+    for pattern, replacement in _SURROGATE_PASSES:
+        fixed = F.regexp_replace(fixed, pattern, replacement)
+    return F.when(value.contains("\\ud") | value.contains("\\uD"), fixed).otherwise(value)
+
+
+def _line_type(parsed, value):
+    """A line's ``type``: as parsed, or ``"frame"`` when the line (an object) has no
+    ``type`` key at all (not when it is ``null``), as capture.py's readers take it."""
+    from pyspark.sql import functions as F
+
+    typ = parsed["type"]
+    no_key = typ.isNull() & ~F.array_contains(F.json_object_keys(value), "type")
+    return F.when(no_key, F.lit("frame")).otherwise(typ)
+
+
+def _not_base64(key: str):
+    """Whether the frame line's ``key`` (``frame``, ``frame_sent``) is present and not
+    base64 text (:func:`kinspect.analysis.reference.bad_frame_key`): a number or
+    ``true``, which ``from_json`` reads as its text, is found by parsing the line
+    again with that key as a number and as a boolean (only when the text could be
+    base64)."""
+    from pyspark.sql import functions as F
+
+    c = F.col(f"r.{key}")
+    typed = (F.from_json("value", f"{key} DOUBLE")[key].isNotNull()
+             | F.from_json("value", f"{key} BOOLEAN")[key].isNotNull())
+    text = c.rlike(_BASE64) & (F.length(c) % 4 == 0)
+    string = ~F.when(c.rlike(_MAYBE_NOT_STRING), typed).otherwise(F.lit(False))
+    return c.isNotNull() & ~(text & string)
+
+
 def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     """DataFrame of :data:`schema.PAIR` rows from capture files.
 
     Raises:
         kinspect.capture.CaptureError: a local capture file Spark cannot read as
             named: gzip-compressed without a ``.gz`` suffix or the reverse (Spark
-            picks the decompression by the suffix), or a name holding ``:`` (Hadoop
-            cannot open it).
+            picks the decompression by the suffix), a name holding ``:`` or a path
+            that is not UTF-8 (Hadoop cannot open them); the first line, in file
+            order, that the reference refuses too
+            (:func:`kinspect.analysis.reference.read_frames`): not JSON (but a torn
+            last line), an id that is no integer, a frame that is not base64, an id
+            moved past 2**63-1 in an appended capture.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
@@ -378,6 +444,7 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
 
     names = {}
     part_of = {}
+    where = {}  # file name as Spark gives it -> the path the reference names in errors
     paths = []
     for name, parts in captures:
         for i, p in enumerate(parts):
@@ -395,9 +462,13 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
             if ":" in p.name:  # Hadoop's checksum file name for it is no valid path
                 raise CaptureError("Spark (Hadoop) cannot read a file whose name holds "
                                    "':'; rename it", p)
+            if valid_text(str(p)) != str(p):  # Java paths are text: no such name to open
+                raise CaptureError("Spark (Hadoop) cannot read a file whose path is not "
+                                   "UTF-8; rename it", valid_text(str(p)))
             key = _uri_name(p.name)  # file_name is the last segment of a URI: %-escaped
             part_of[key] = i
             names[key] = name
+            where[key] = str(p)
             paths.append(_glob_escape(os.path.abspath(p)))
     raw = spark.read.text(paths).select("value", F.col("_metadata.file_name").alias("file"))
     raw = raw.withColumn("line", F.monotonically_increasing_id())
@@ -412,13 +483,21 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
         part = F.coalesce(mapping[F.col("file")], F.lit(0))
     # a line that is not JSON, or holds a value of another type, keeps its text in
     # _corrupt (Spark gives its fields as nulls): _check_lines looks at those
-    lines = raw.select(F.from_json("value", LINE_DDL + ", _corrupt STRING",
-                                   {"columnNameOfCorruptRecord": "_corrupt"}).alias("r"),
-                       "value", "file", "line", capture.alias("capture"),
+    parsed = F.from_json(_valid_json_text(F.col("value")), LINE_DDL + ", _corrupt STRING",
+                         {"columnNameOfCorruptRecord": "_corrupt"})
+    lines = raw.select(parsed.alias("r"), "value", "file", "line", capture.alias("capture"),
                        part.alias("part_idx"))
-    sessions = _check_lines(raw, lines)
-    conn_base, flow_base = _segment_bases(lines, sessions)
-    frames = (lines.where((F.col("r.type") == "frame") & F.col("r.dir").isin("req", "resp"))
+    lines = lines.withColumn("typ", _line_type(F.col("r"), F.col("value")))
+    order = {name: i for i, (name, _) in enumerate(captures)}
+    sessions, errors = _check_lines(raw, lines, order)
+    conn_base, flow_base, overflow = _segment_bases(lines, sessions, order)
+    if errors or overflow:  # the first in file order, as the reference meets them
+        _, reason, file, line = min(errors + overflow, key=lambda e: e[0])
+        if line is None:
+            raise CaptureError(reason, file)
+        n = raw.where((F.col("file") == file) & (F.col("line") <= line)).count()
+        raise CaptureError(reason, where.get(file, file), n)
+    frames = (lines.where((F.col("typ") == "frame") & F.col("r.dir").isin("req", "resp"))
               .select("r.*", "capture", "line", "part_idx")
               .withColumn("conn", F.col("conn") + conn_base)
               .withColumn("flow", F.col("flow") + flow_base)
@@ -464,43 +543,64 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     return pairs
 
 
-def _check_lines(raw, lines) -> list:
+def _check_lines(raw, lines, order: dict[str, int]) -> tuple[list, list]:
     """Read the capture lines once on the executors for what the driver must know
-    before pairing, and return the session lines (few) it collected.
+    before pairing: return the session lines (few) it collected and the lines it
+    cannot use, as ``[((capture order, part, line), reason, file, line)]`` (the
+    line ``None`` when the reason names no line), for :func:`read_pairs` to raise
+    the first of.
 
     As :func:`kinspect.capture.read_capture` (the reference's reader) does, a line
     that is not a JSON object is skipped with a :class:`CaptureWarning` when it is
-    the last of its file (torn by a crash), and is a :class:`CaptureError` anywhere
-    else; so is a frame or conn line whose id is not an integer. Without this, such
-    a line parsed to null and its frame was left out without a word.
+    the last of its file (torn by a crash), and is an error anywhere else; so is a
+    frame or conn line whose id is not an integer, and (as
+    :func:`kinspect.analysis.reference.read_frames` has it) a frame line whose
+    ``frame`` or ``frame_sent`` is not base64 (:func:`_not_base64`). Without this,
+    such a line parsed to null and its frame was left out without a word.
+
+    ``order``: capture name -> its place in the captures read.
     """
     import json
     import warnings
 
     from pyspark.sql import functions as F
 
-    from kinspect.capture import CaptureError, CaptureWarning, _bad_value
+    from kinspect.capture import CaptureWarning, _bad_value
 
     corrupt = F.col("r._corrupt").isNotNull() & (F.trim(F.col("value")) != "")
-    not_json = corrupt & F.col("r.type").isNull()
-    bad_int = corrupt & F.col("r.type").isin("frame", "conn")
-    marked = (lines.where((F.col("r.type") == "session") | not_json | bad_int)
-              .select("capture", "part_idx", "line", "file", "r.start_ns", "r.part",
+    typ = F.col("typ")
+    not_json = corrupt & typ.isNull()
+    bad_int = corrupt & typ.isin("frame", "conn")
+    frame = ~corrupt & (typ == "frame")
+    bad_frame = frame & _not_base64("frame")
+    bad_sent = frame & _not_base64("frame_sent")
+    marked = (lines.where((typ == "session") | not_json | bad_int | bad_frame | bad_sent)
+              .select("capture", "part_idx", "line", "file", "typ", "r.start_ns", "r.part",
                       not_json.alias("not_json"), bad_int.alias("bad_int"),
+                      bad_frame.alias("bad_frame"), bad_sent.alias("bad_sent"),
                       F.when(not_json | bad_int, F.col("value")).alias("value"))
               .collect())
+    errors = []
+
+    def error(r, reason: str, line: bool = True) -> None:
+        errors.append(((order.get(r["capture"], len(order)), r["part_idx"], r["line"]),
+                       reason, r["file"], r["line"] if line else None))
+
     for r in marked:
         if r["bad_int"]:
             try:
                 rec = json.loads(r["value"])
             except ValueError:
-                raise CaptureError("a line other than the last is not a JSON object "
-                                   f"({r['value'][:60]!r}...)", r["file"]) from None
+                error(r, "a line other than the last is not a JSON object "
+                      f"({r['value'][:60]!r}...)", line=False)
+                continue
             why = _bad_value(rec) if isinstance(rec, dict) else None
             if why is None:  # e.g. a frame that is no string
-                raise CaptureError(f"a value of the wrong type: {r['value'][:80]!r}",
-                                   r["file"])
-            raise CaptureError(why, r["file"])
+                error(r, f"a value of the wrong type: {r['value'][:80]!r}", line=False)
+            else:
+                error(r, why)
+        elif r["bad_frame"] or r["bad_sent"]:
+            error(r, f"{'frame' if r['bad_frame'] else 'frame_sent'} is not base64")
     torn = [r for r in marked if r["not_json"]]
     if torn:
         files = sorted({r["file"] for r in torn})
@@ -508,22 +608,27 @@ def _check_lines(raw, lines) -> list:
                     .groupBy("file").agg(F.max("line")).collect())
         for r in torn:
             if r["line"] != last[r["file"]]:
-                raise CaptureError("a line other than the last is not a JSON object "
-                                   f"({r['value'][:60]!r}...)", r["file"])
-            warnings.warn(f"{r['file']}: torn last line skipped ({len(r['value'])} chars)",
-                          CaptureWarning, stacklevel=3)
-    return [r for r in marked if not r["not_json"] and not r["bad_int"]]
+                error(r, "a line other than the last is not a JSON object "
+                      f"({r['value'][:60]!r}...)", line=False)
+            else:
+                warnings.warn(f"{r['file']}: torn last line skipped ({len(r['value'])} chars)",
+                              CaptureWarning, stacklevel=3)
+    return [r for r in marked if r["typ"] == "session"], errors
 
 
-def _segment_bases(lines, sessions: list):
-    """``(conn_base, flow_base)`` columns for the lines of :func:`read_pairs`: 0, or
-    in a capture with captures appended to it (``cat a.jsonl b.jsonl``), for each
-    one after the first, the ids to move its connections and flows past (the rule
-    of :func:`kinspect.analysis.reference.read_frames`), computed on the driver
-    from the ``sessions`` lines (:func:`_check_lines`)."""
+def _segment_bases(lines, sessions: list, order: dict[str, int]):
+    """``(conn_base, flow_base, overflow)``: the columns for the lines of
+    :func:`read_pairs`, 0, or in a capture with captures appended to it (``cat
+    a.jsonl b.jsonl``), for each one after the first, the ids to move its
+    connections and flows past (the rule of
+    :func:`kinspect.analysis.reference.read_frames`), computed on the driver from
+    the ``sessions`` lines (:func:`_check_lines`); and ``overflow``, the first line
+    of each capture whose ``conn`` or ``flow`` is moved past 2**63-1, in the shape
+    of :func:`_check_lines`' errors (``[]`` for none: the columns are then ``None``).
+    """
     from pyspark.sql import functions as F
 
-    from kinspect.analysis.reference import segment_bases, segment_starts
+    from kinspect.analysis.reference import MAX_ID, id_overflow, segment_bases, segment_starts
 
     zero = F.lit(0).cast("bigint")
     by_capture: dict[str, list] = {}
@@ -543,21 +648,41 @@ def _segment_bases(lines, sessions: list):
         if k:
             segments[cap] = k + 1
     if not segments:
-        return zero, zero
-    maxima = (lines.where(F.col("r.type").isin("conn", "frame")
+        return zero, zero, []
+    is_frame = F.col("typ") == "frame"
+    maxima = (lines.where(F.col("typ").isin("conn", "frame")
                           & F.col("capture").isin(list(segments)))
               .groupBy("capture", seg.alias("seg"))
-              .agg(F.max("r.conn").alias("conn"), F.max("r.flow").alias("flow")).collect())
+              .agg(F.max("r.conn").alias("conn"),
+                   F.max(F.when(is_frame, F.col("r.flow"))).alias("flow")).collect())
     got = {(r["capture"], r["seg"]): (r["conn"], r["flow"]) for r in maxima}
     conn_base = flow_base = zero
+    overflow = []
     for cap, n in segments.items():
-        bases = segment_bases([got.get((cap, k), (None, None)) for k in range(n)])
-        for k, (cb, fb) in enumerate(bases):
+        maxes = [got.get((cap, k), (None, None)) for k in range(n)]
+        bases = segment_bases(maxes)
+        for k, ((cb, fb), (mc, mf)) in enumerate(zip(bases, maxes, strict=True)):
+            if (mc is not None and mc + cb > MAX_ID) or (mf is not None and mf + fb > MAX_ID):
+                # its first line past the range (the reference stops there)
+                conn = F.col("r.conn") > MAX_ID - cb
+                flow = is_frame & (F.col("r.flow") > MAX_ID - fb)
+                r = (lines.where((F.col("capture") == cap) & (seg == k)
+                                 & F.col("typ").isin("conn", "frame") & (conn | flow))
+                     .select("part_idx", "line", "file", "r.conn", "r.flow",
+                             F.coalesce(conn, F.lit(False)).alias("past"))
+                     .orderBy("part_idx", "line").first())
+                why = (id_overflow("conn", r["conn"], cb) if r["past"]
+                       else id_overflow("flow", r["flow"], fb))
+                overflow.append(((order.get(cap, len(order)), r["part_idx"], r["line"]), why,
+                                 r["file"], r["line"]))
+                break
             if k:
                 here = (F.col("capture") == cap) & (seg == k)
                 conn_base = F.when(here, F.lit(cb).cast("bigint")).otherwise(conn_base)
                 flow_base = F.when(here, F.lit(fb).cast("bigint")).otherwise(flow_base)
-    return conn_base, flow_base
+    if overflow:
+        return None, None, overflow
+    return conn_base, flow_base, overflow
 
 
 def _rank(col: str, p: int):

@@ -16,7 +16,20 @@ Definitions shared with :mod:`kinspect.analysis.job` (keep them in step):
   Lines of a capture's rotated parts form one capture, named after the first
   part's file name. Captures appended to each other in one file (``cat a.jsonl
   b.jsonl``) have the connection and flow ids of each one after the first moved
-  past those before it (:func:`read_frames`), as every capture reader does.
+  past those before it (:func:`read_frames`), as every capture reader does; an id
+  moved past 2**63-1 (a 64-bit column's largest value) is a ``CaptureError``
+  naming its line, not an id made up.
+* lines: a line without ``type`` is a frame line, as for
+  :func:`kinspect.capture.read_capture`'s readers (captures of other tools). A frame
+  line's ``frame``/``frame_sent`` that is not a base64 string (strict: a number, a
+  list, characters outside the alphabet, bad padding) is a ``CaptureError`` naming
+  the key and line (:func:`bad_frame_key`), as ``kinspect show`` makes it, like
+  every other line analyze cannot use.
+* text: a lone surrogate in a capture line's strings (``client``, ``upstream``,
+  ``flags``: a JSON escape such as ``"\\ud800"`` that is valid JSON but no Unicode
+  text) is replaced by U+FFFD (:func:`valid_text`), as
+  :func:`kinspect.codec.values.java_string` makes the decoded strings of those
+  tables (Arrow and Parquet take valid Unicode only).
 * percentiles: nearest rank (:func:`~kinspect.analysis.kernel.nearest_rank`).
 * clients: a connection's software name/version is the one its first ApiVersions
   v3+ request carried (by request time, then flow id), applied to all its flows.
@@ -29,17 +42,24 @@ Definitions shared with :mod:`kinspect.analysis.job` (keep them in step):
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..capture import _b64decode
 from ..codec.whatif import VarintSizer
 from ..flows import NO_RESPONSE, UNPAIRED
 from . import schema
 from .kernel import FlowAnalyzer, load_registry, nearest_rank
 
 PERCENTILES = (50, 95, 99)
+
+#: the largest id a 64-bit column holds (``conn``, ``flow``)
+MAX_ID = (1 << 63) - 1
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 # ---------------------------------------------------------------------------
@@ -50,7 +70,9 @@ def capture_files(paths: Iterable[str | os.PathLike]) -> list[tuple[str, list[Pa
     """``[(capture name, [part files])]`` for capture files or directories of them
     (``*.jsonl`` / ``*.jsonl.gz``, rotated parts grouped with their first part).
     A URI (``hdfs://...``) is kept as one ``str`` entry for Spark to read (a file or
-    a directory; Spark then names each file's capture by its file name).
+    a directory; Spark then names each file's capture by its file name). A capture
+    is named by its first part's file name, made valid text (:func:`valid_text`:
+    a file name that is not UTF-8 holds lone surrogates in Python).
 
     Raises:
         kinspect.capture.CaptureError: a missing path, or two captures of one name.
@@ -62,7 +84,7 @@ def capture_files(paths: Iterable[str | os.PathLike]) -> list[tuple[str, list[Pa
     firsts: list[Path] = []
     for p in paths:
         if "://" in str(p):  # a URI for Spark (hdfs://, s3a://...): passed on unchecked
-            out.append((str(p).rstrip("/").rsplit("/", 1)[-1], [str(p)]))
+            out.append((valid_text(str(p).rstrip("/").rsplit("/", 1)[-1]), [str(p)]))
             continue
         p = Path(p)
         if p.is_dir():
@@ -88,7 +110,7 @@ def capture_files(paths: Iterable[str | os.PathLike]) -> list[tuple[str, list[Pa
             elif head.get("start_ns") != start:
                 break
             keep.append(part)
-        name = first.name
+        name = valid_text(first.name)
         if name in seen and seen[name] != first.resolve():
             raise CaptureError(f"two captures are named {name} ({seen[name]} and {first}); "
                                f"rename one", first)
@@ -127,13 +149,61 @@ def segment_starts(sessions: list[tuple[Any, Any]]) -> list[bool]:
     return out
 
 
+def valid_text(text: str | None) -> str | None:
+    """``text`` with each lone surrogate replaced by U+FFFD (``None`` stays ``None``).
+
+    ``json.loads`` makes a JSON escape such as ``"\\ud800"`` (valid JSON) a lone
+    surrogate, which no UTF-8 writer (Arrow, Parquet) takes; a surrogate pair
+    (``"\\ud83d\\ude00"``) is one character already and is kept. The Spark job
+    replaces the same escapes in the line's text before parsing it
+    (:func:`kinspect.analysis.job.read_pairs`)."""
+    if text is None or text.isascii():
+        return text
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
+def bad_frame_key(rec: dict) -> str | None:
+    """``"frame"`` or ``"frame_sent"`` (the first) when that key of a frame line holds
+    anything but base64 text, else ``None`` (absent and ``null`` are fine).
+
+    Base64 as :func:`kinspect.capture.flows_from_records` reads it: strict
+    (``validate=True``), so the string is ``[A-Za-z0-9+/]*`` then at most two ``=``,
+    its length a multiple of 4; a number, list or other JSON value is not base64."""
+    for key in ("frame", "frame_sent"):
+        v = rec.get(key)
+        if v is None:
+            continue
+        try:
+            _b64decode(v, validate=True)
+        except (ValueError, TypeError):
+            return key
+    return None
+
+
+def id_overflow(key: str, value: int, base: int) -> str | None:
+    """Why ``value + base`` (an id of a capture appended to another, moved past the
+    ids before it) cannot be an id, or ``None``: more than a 64-bit column holds."""
+    if value + base <= MAX_ID:
+        return None
+    return (f"{key!r} {value} of a capture appended to another, moved past the ids "
+            f"before it (+{base}), is {value + base}: past 2**63-1")
+
+
 def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
-    """Frame records with ``capture`` and ``line`` (running number) added. Captures
+    """Frame records with ``capture`` and ``line`` (running number) added, ``client``,
+    ``upstream`` and ``flags`` made valid text (:func:`valid_text`). Captures
     appended to each other in one file number their connections and flows from 1
     again: those of each one after the first are moved past the ids used before
     it, as every capture reader does (:func:`kinspect.capture.flows_from_records`),
-    so that two connections never merge."""
-    from ..capture import read_capture
+    so that two connections never merge. A line without ``type`` is a frame line.
+
+    Raises:
+        kinspect.capture.CaptureError: what :func:`kinspect.capture.read_capture`
+            raises; a frame line whose ``frame``/``frame_sent`` is not base64
+            (:func:`bad_frame_key`); a ``conn`` or ``flow`` id moved past 2**63-1
+            by the move (:func:`id_overflow`). Each names the file and line.
+    """
+    from ..capture import MAX_LINE_BYTES, CaptureError, _read_one
 
     for name, parts in captures:
         line = 0
@@ -141,34 +211,49 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
         sessions = 0
         start: Any = None
         for part in parts:
-            for rec in read_capture(part, parts=False):
+            # (read_capture(part, parts=False), with the line numbers of the file)
+            for lineno, rec in _read_one(Path(part), MAX_LINE_BYTES):
                 line += 1
-                typ = rec.get("type")
+                typ = rec.get("type", "frame")
                 if typ == "session":
                     if sessions and (not rec.get("part") or rec.get("start_ns") != start):
                         conn_base, flow_base = max_conn, max_flow
                     sessions += 1
                     start = rec.get("start_ns")
                     continue
+                if typ == "frame":
+                    key = bad_frame_key(rec)
+                    if key is not None:
+                        raise CaptureError(f"{key} is not base64", part, lineno)
                 conn = rec.get("conn")
                 if typ in ("conn", "frame") and type(conn) is int:
+                    if conn + conn_base > MAX_ID:
+                        raise CaptureError(id_overflow("conn", conn, conn_base), part, lineno)
                     max_conn = max(max_conn, conn + conn_base)
                 if typ != "frame":
                     continue
                 rec = dict(rec)
                 if type(conn) is int:
                     rec["conn"] = conn + conn_base
-                if type(rec.get("flow")) is int:
-                    rec["flow"] += flow_base
+                flow = rec.get("flow")
+                if type(flow) is int:
+                    if flow + flow_base > MAX_ID:
+                        raise CaptureError(id_overflow("flow", flow, flow_base), part, lineno)
+                    rec["flow"] = flow + flow_base
                     max_flow = max(max_flow, rec["flow"])
+                for k in ("client", "upstream"):
+                    v = rec.get(k)
+                    if v is not None and not v.isascii():
+                        rec[k] = valid_text(v)
+                flags = rec.get("flags")
+                if flags and not all(f.isascii() for f in flags):
+                    rec["flags"] = [valid_text(f) for f in flags]
                 rec["capture"] = name
                 rec["line"] = line
                 yield rec
 
 
 def _b64(text: str | None) -> bytes | None:
-    from ..capture import _b64decode
-
     return None if text is None else _b64decode(text)
 
 
