@@ -48,7 +48,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..capture import _b64decode
+from ..capture import CaptureError, _b64decode, _decode_b64
 from ..codec.whatif import VarintSizer
 from ..flows import NO_RESPONSE, UNPAIRED
 from . import schema
@@ -77,7 +77,7 @@ def capture_files(paths: Iterable[str | os.PathLike]) -> list[tuple[str, list[Pa
     Raises:
         kinspect.capture.CaptureError: a missing path, or two captures of one name.
     """
-    from ..capture import CaptureError, capture_parts, read_capture
+    from ..capture import capture_parts, read_capture
 
     out: list[tuple[str, list[Path]]] = []
     seen: dict[str, Path] = {}
@@ -170,12 +170,9 @@ def bad_frame_key(rec: dict) -> str | None:
     (``validate=True``), so the string is ``[A-Za-z0-9+/]*`` then at most two ``=``,
     its length a multiple of 4; a number, list or other JSON value is not base64."""
     for key in ("frame", "frame_sent"):
-        v = rec.get(key)
-        if v is None:
-            continue
         try:
-            _b64decode(v, validate=True)
-        except (ValueError, TypeError):
+            _decode_b64(rec, key, "")
+        except CaptureError:
             return key
     return None
 
@@ -203,7 +200,7 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
             (:func:`bad_frame_key`); a ``conn`` or ``flow`` id moved past 2**63-1
             by the move (:func:`id_overflow`). Each names the file and line.
     """
-    from ..capture import MAX_LINE_BYTES, CaptureError, _read_one
+    from ..capture import MAX_LINE_BYTES, _read_one
 
     for name, parts in captures:
         line = 0

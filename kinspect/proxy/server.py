@@ -1458,7 +1458,20 @@ def _linger_over(proxy: Proxy, tr: asyncio.Transport) -> None:
         tr.abort()
 
 
-class _ClientSide(asyncio.Protocol):
+class _Slices:
+    """For a side's protocol: the later slices of a read (``CutThrough.rest``),
+    handled by its ``_next_slice`` at later loop iterations."""
+
+    slice_due = False  # _next_slice is scheduled
+
+    def slice_later(self) -> None:
+        """Handle the next slice of the read at the next loop iteration (once)."""
+        if not self.slice_due:
+            self.slice_due = True
+            asyncio.get_running_loop().call_soon(self._next_slice)  # type: ignore[attr-defined]
+
+
+class _ClientSide(_Slices, asyncio.Protocol):
     """Client-facing half of a connection. Reads arrive as ``bytes`` from the event
     loop (``data_received``: its own C buffer, no Python call to ask for one), except
     while a large frame is read into a buffer of its own (:class:`CutThrough`): then
@@ -1471,7 +1484,6 @@ class _ClientSide(asyncio.Protocol):
         self.conn: Connection | None = None
         self.transport: asyncio.Transport | None = None
         self.frame_side: _FrameSide | None = None
-        self.slice_due = False  # _next_slice is scheduled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         proxy = self.proxy
@@ -1590,12 +1602,6 @@ class _ClientSide(asyncio.Protocol):
         if conn.client_hold & HOLD_SLICE:
             conn.resume_client(HOLD_SLICE)
 
-    def slice_later(self) -> None:
-        """Handle the next slice of the read at the next loop iteration (once)."""
-        if not self.slice_due:
-            self.slice_due = True
-            asyncio.get_running_loop().call_soon(self._next_slice)
-
     def _next_slice(self) -> None:
         self.slice_due = False
         conn = self.conn
@@ -1661,14 +1667,13 @@ class _FrameSide(asyncio.BufferedProtocol):
         self.side.resume_writing()
 
 
-class _UpstreamSide(asyncio.Protocol):
+class _UpstreamSide(_Slices, asyncio.Protocol):
     """Broker-facing half of a connection (reads as in :class:`_ClientSide`)."""
 
     def __init__(self, conn: Connection):
         self.conn = conn
         self.transport: asyncio.Transport | None = None
         self.frame_side = _FrameSide(self, conn, client=False)
-        self.slice_due = False  # _next_slice is scheduled
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -1752,9 +1757,7 @@ class _UpstreamSide(asyncio.Protocol):
         if cut.rest is not None:
             if not conn.up_hold & HOLD_SLICE:
                 conn.pause_upstream(HOLD_SLICE)
-            if not self.slice_due:
-                self.slice_due = True
-                asyncio.get_running_loop().call_soon(self._next_slice)
+            self.slice_later()
             return
         if cut.own is not None:  # a large frame: read it in place
             self.transport.set_protocol(self.frame_side)
