@@ -44,6 +44,18 @@ class _ScanGen:
     def emit(self, ind: int, line: str) -> None:
         self.lines.append("    " * ind + line)
 
+    def function(self, msg: MessageSpec, name: str, lists: list[str], result: str) -> Callable:
+        """Compile ``name(buf, pos, end)``: the lines emitted so far (its first
+        statements), the walk of ``msg`` and ``return result``; ``lists`` start
+        empty."""
+        head = ["def %s(buf, pos, end):" % name] + [f"    {v} = []" for v in lists]
+        self.lines[:0] = head
+        self.struct(msg.struct, 1, top=True)
+        self.emit(1, f"return {result}")
+        source = "\n".join(self.lines) + "\n"
+        exec(compile(source, f"<kinspect {msg.name} v{self.version} {name}>", "exec"), self.ns)
+        return self.ns[name]
+
     def compact(self, f: FieldSpec) -> bool:
         if f.flexible_versions is not None:
             return f.flexible_versions.contains(self.version)
@@ -87,7 +99,7 @@ class _ScanGen:
             if not f.versions.contains(v) or f.tagged_in(v):
                 continue
             size = self.fixed_size(f)
-            if size is not None:
+            if size is not None and not self.wants(f):
                 run += size
                 continue
             if run:
@@ -99,6 +111,11 @@ class _ScanGen:
         if self.flexible:
             self.tags(ind, top, sorted(f.tag for f in st.fields
                                        if f.is_tagged and not f.tagged_in(v)))
+
+    def wants(self, f: FieldSpec) -> bool:
+        """Whether ``f`` must be walked on its own, not added to a run of fixed-width
+        fields (the locator's fields; none for the scanner)."""
+        return False
 
     def field(self, f: FieldSpec, ind: int, in_tag: bool = False) -> None:
         v = self.version
@@ -190,8 +207,7 @@ class _ScanGen:
         self.emit(ind + 1, f"{seen} = set()")
         self.emit(ind + 1, f"for _ in _range({c}):")
         self.uv(ind + 2, t)
-        self.uv(ind + 2, s)
-        self.emit(ind + 2, f"pos += {s}")
+        self.tag_data(ind + 2, t, s)
         self.emit(ind + 2, f"if {t} in {seen}:")
         self.emit(ind + 3, f"raise _DE('tag %d repeated in one tag section' % {t}, "
                            f"'each tag once')")
@@ -203,17 +219,132 @@ class _ScanGen:
         if top:
             self.emit(ind + 2, f"tags.append({t})")
 
+    def tag_data(self, ind: int, t: str, s: str) -> None:
+        """Code reading a tagged field's size into ``s`` and advancing over its data
+        (its tag is in ``t``)."""
+        self.uv(ind, s)
+        self.emit(ind, f"pos += {s}")
+
 
 def compile_scanner(msg: MessageSpec, version: int) -> Callable[[bytes, int, int], tuple]:
     """The scanner of ``msg`` at ``version``: ``scan(buf, pos, end) -> (pos after the
     message, [top-level tags present])``. It raises ``DecodeError``, ``IndexError``
     or ``struct.error`` on malformed input (callers turn those into a precise
     :class:`~kinspect.codec.errors.DecodeError`, see ``MessageCodec.top_level_tags``)."""
-    g = _ScanGen(msg, version)
-    g.emit(0, "def scan(buf, pos, end):")
-    g.emit(1, "tags = []")
-    g.struct(msg.struct, 1, top=True)
-    g.emit(1, "return pos, tags")
-    source = "\n".join(g.lines) + "\n"
-    exec(compile(source, f"<kinspect {msg.name} v{version} scan>", "exec"), g.ns)
-    return g.ns["scan"]
+    return _ScanGen(msg, version).function(msg, "scan", ["tags"], "pos, tags")
+
+
+class Located:
+    """What :func:`compile_locator` returns: ``locate(buf, pos, end) -> (pos after the
+    message, spans, sizes)`` and, per path, whether its field was read as a compact
+    (KIP-482) field.
+
+    ``spans``: ``(group, path index, start, end)`` for every occurrence of a path's
+    last field, in wire order; ``start``/``end`` are offsets into ``buf`` of the
+    field's whole encoding (a string's length prefix included; a tagged field's
+    data, without its tag and size). ``group`` numbers the structs holding such
+    fields, so that fields of one struct share it. ``sizes``: ``(size start, data
+    start, data end)`` of every tagged field walked into on the way (KIP-482: its
+    size is an unsigned varint before its data), innermost after outermost."""
+
+    __slots__ = ("locate", "compact")
+
+    def __init__(self, locate: Callable[[bytes, int, int], tuple], compact: list[bool]):
+        self.locate = locate
+        self.compact = compact
+
+
+class _LocateGen(_ScanGen):
+    """The scanner's walk, recording where the fields at the end of ``paths`` lie."""
+
+    def __init__(self, msg: MessageSpec, version: int, paths: list[tuple[FieldSpec, ...]]):
+        super().__init__(msg, version)
+        #: the paths (with their indexes) into the next struct walked
+        self.pending: list[tuple[tuple[FieldSpec, ...], int]] = \
+            [(p, i) for i, p in enumerate(paths)]
+        #: per field (by id) of the struct being walked: (the field, the paths below
+        #: it, the index of the path ending at it or None)
+        self.ctx: dict[int, tuple[FieldSpec, list, int | None]] = {}
+        self.compact_of = [False] * len(paths)
+
+    def struct(self, st: StructSpec, ind: int, top: bool = False) -> None:
+        paths, self.pending = self.pending, []
+        ctx: dict[int, tuple[FieldSpec, list, int | None]] = {}
+        for path, i in paths:
+            f = path[0]
+            _, tails, target = ctx.get(id(f), (f, [], None))
+            if len(path) == 1:
+                target = i
+            else:
+                tails = tails + [(path[1:], i)]
+            ctx[id(f)] = (f, tails, target)
+        if any(target is not None for _, _, target in ctx.values()):
+            self.emit(ind, "g += 1")
+        outer, self.ctx = self.ctx, ctx
+        try:
+            super().struct(st, ind, top)
+        finally:
+            self.ctx = outer
+
+    def wants(self, f: FieldSpec) -> bool:
+        return id(f) in self.ctx
+
+    def field(self, f: FieldSpec, ind: int, in_tag: bool = False) -> None:
+        entry = self.ctx.get(id(f))
+        if entry is None:
+            super().field(f, ind, in_tag)
+            return
+        _, tails, target = entry
+        a = self.tmp("a")
+        if target is not None:
+            self.emit(ind, f"{a} = pos")
+            self.compact_of[target] = True if in_tag else self.compact(f)
+        self.pending = tails
+        super().field(f, ind, in_tag)
+        self.pending = []
+        if target is not None:
+            self.emit(ind, f"spans.append((g, {target}, {a}, pos))")
+
+    def tag_data(self, ind: int, t: str, s: str) -> None:
+        v = self.version
+        wanted = [e for e in self.ctx.values() if e[0].tagged_in(v)]
+        if not wanted:
+            super().tag_data(ind, t, s)
+            return
+        z, q = self.tmp("z"), self.tmp("q")
+        self.emit(ind, f"{z} = pos")
+        self.uv(ind, s)
+        self.emit(ind, f"{q} = pos")
+        for k, (f, tails, target) in enumerate(wanted):
+            self.emit(ind, f"{'if' if k == 0 else 'elif'} {t} == {f.tag}:")
+            if target is not None:  # the field itself: its data
+                self.compact_of[target] = True
+                self.emit(ind + 1, f"spans.append((g, {target}, {q}, {q} + {s}))")
+                self.emit(ind + 1, f"pos += {s}")
+            else:
+                self.pending = tails
+                _ScanGen.field(self, f, ind + 1, in_tag=True)
+                self.pending = []
+                self.emit(ind + 1, f"if pos != {q} + {s}:")
+                self.emit(ind + 2, f"raise _DE('tagged field %d is %d bytes, its data %d' "
+                                   f"% ({t}, {s}, pos - {q}), 'data of the tagged field\\'s size')")
+            self.emit(ind + 1, f"sizes.append(({z}, {q}, {q} + {s}))")
+        self.emit(ind, "else:")
+        self.emit(ind + 1, f"pos += {s}")
+
+
+def compile_locator(msg: MessageSpec, version: int,
+                    paths: list[tuple[FieldSpec, ...]]) -> Located:
+    """Where, on the wire, the fields at the end of ``paths`` lie in a message of
+    ``msg`` at ``version`` (see :class:`Located`): the scanner's walk (same checks),
+    which also enters the structs and tagged fields on the paths. A path is a
+    sequence of fields from the top level, each a field of the struct of the one
+    before; every field on it must exist at ``version``. For splicing a value into
+    a frame without re-encoding the rest of it (the proxy's address rewriting).
+
+    The ``locate`` function raises ``DecodeError``, ``IndexError`` or
+    ``struct.error`` on malformed input; callers check that it ends at ``end``."""
+    g = _LocateGen(msg, version, paths)
+    g.emit(1, "g = 0")
+    return Located(g.function(msg, "locate", ["tags", "spans", "sizes"], "pos, spans, sizes"),
+                   g.compact_of)

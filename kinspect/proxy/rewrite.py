@@ -10,9 +10,13 @@ spec is searched for *endpoint structs*: structs with a string ``Host``, an int3
 
 from __future__ import annotations
 
+import struct
 from typing import Callable
 
+from ..codec.compiler import read_compact_prefix, read_uvarint
+from ..codec.errors import DecodeError
 from ..codec.registry import SpecRegistry
+from ..codec.scan import Located, compile_locator
 from ..codec.spec import FieldSpec, MessageSpec, StructSpec
 from ..codec.values import Struct
 
@@ -59,6 +63,7 @@ class AddressRewriter:
     def __init__(self, registry: SpecRegistry):
         self.registry = registry
         self._paths: dict[int, list] = {}
+        self._locators: dict[tuple[int, int], tuple[Located, list[FieldSpec]]] = {}
 
     def paths(self, api_key: int) -> list:
         p = self._paths.get(api_key)
@@ -108,6 +113,88 @@ class AddressRewriter:
                     changed += 1
         return changed
 
+    def splice(self, api_key: int, api_version: int, frame: bytes, body_offset: int,
+               mapper: Mapper) -> tuple[bytes, int]:
+        """Rewrite every endpoint in a response frame by splicing: only the bytes of
+        each changed ``Host`` and ``Port`` are replaced, and the size of each
+        tagged field around them (KIP-482) adjusted; every other byte stays as the
+        broker sent it, however it encoded it (non-minimal varints, a boolean byte
+        other than 0 or 1, tags out of order: what re-encoding would change). A
+        varint length prefix or size the broker wrote wider than needed keeps its
+        width where the new value fits in it; the others are written minimal.
+
+        Args:
+            frame: the response frame without its size prefix (header included).
+            body_offset: where its body starts.
+
+        Returns:
+            ``(new frame, endpoints changed)``; the frame itself when none changed.
+        Raises:
+            DecodeError: the body does not walk to the end of the frame.
+        """
+        loc = self._locators.get((api_key, api_version))
+        if loc is None:
+            spec = self.registry.response(api_key)
+            if spec is None:
+                raise DecodeError(f"no spec for api key {api_key}", offset=0)
+            fields: list[FieldSpec] = []
+            paths: list[tuple[FieldSpec, ...]] = []
+            for path, node_field in self.paths(api_key):
+                if not all(f.versions.contains(api_version) for f in path):
+                    continue
+                owner = path[-2].struct if len(path) > 1 else spec.struct
+                names = {f.name: f for f in owner.fields}
+                for f in (path[-1], names["Port"], names[node_field]):
+                    paths.append(path[:-1] + (f,))
+                    fields.append(f)
+            loc = self._locators[(api_key, api_version)] = (
+                compile_locator(spec, api_version, paths), fields)
+        located, fields = loc
+        try:
+            end, spans, sizes = located.locate(frame, body_offset, len(frame))
+        except (IndexError, struct.error):
+            raise DecodeError("truncated response", offset=len(frame)) from None
+        if end != len(frame):
+            raise DecodeError(f"{len(frame) - end} bytes after the response's body",
+                              offset=end, expected="the end of the frame")
+        groups: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
+        for g, i, a, b in spans:
+            groups.setdefault((g, i // 3), {})[i % 3] = (a, b)
+        edits: list[tuple[int, int, bytes]] = []
+        changed = 0
+        for (_, k), at in groups.items():
+            if len(at) != 3:
+                continue  # (a struct without one of the three: not an endpoint here)
+            h, p, n = (3 * k + j for j in range(3))
+            host = _read_string(frame, *at[0], located.compact[h])
+            port = _read_int(frame, *at[1], fields[p].encoding_in(api_version))
+            node = _read_int(frame, *at[2], fields[n].encoding_in(api_version))
+            if not _real_endpoint(node, host, port):
+                continue
+            new_host, new_port = mapper(node, host, port)
+            changed += (new_host, new_port) != (host, port)
+            if new_host != host:
+                edits.append((*at[0], _string(new_host, frame, *at[0], located.compact[h])))
+            if new_port != port:
+                edits.append((*at[1], _int(new_port, fields[p].encoding_in(api_version),
+                                           frame, *at[1])))
+        if not edits:
+            return frame, 0
+        for z, q0, q1 in sorted(sizes, key=lambda s: s[2] - s[1]):  # innermost first
+            delta = sum(len(new) - (b - a) for a, b, new in edits if q0 <= a and b <= q1)
+            if delta:
+                old = read_uvarint(frame, z)[0]
+                edits.append((z, q0, _uvarint(old + delta, _width(old, q0 - z))))
+        edits.sort()
+        out: list[bytes] = []
+        pos = 0
+        for a, b, new in edits:
+            out.append(frame[pos:a])
+            out.append(new)
+            pos = b
+        out.append(frame[pos:])
+        return b"".join(out), changed
+
     def endpoints(self, api_key: int, api_version: int, body: Struct) -> list[tuple[int, str, int]]:
         """``(broker id, host, port)`` of every endpoint in ``body``."""
         out = []
@@ -123,6 +210,59 @@ def _real_endpoint(node: int | None, host: str | None, port: int) -> bool:
     """False for the placeholders of error answers (e.g. FindCoordinator's
     COORDINATOR_NOT_AVAILABLE: NodeId -1, Host "", Port -1), which stay untouched."""
     return bool(host) and 0 < port <= 65535 and (node is None or node >= 0)
+
+
+def _width(old: int, width: int) -> int:
+    """The width to write a varint replacing one of ``width`` bytes that held ``old``
+    in: that width if the broker wrote it wider than needed (a non-minimal varint, as
+    Kafka's readers accept), else 1 (minimal, as the broker writes them)."""
+    return width if width > len(_uvarint(old)) else 1
+
+
+def _uvarint(n: int, width: int = 1) -> bytes:
+    """``n`` as an unsigned varint of at least ``width`` bytes."""
+    out = bytearray()
+    while True:
+        width -= 1
+        if n >= 0x80 or width > 0:
+            out.append((n & 0x7F) | 0x80)
+            n >>= 7
+        else:
+            out.append(n)
+            return bytes(out)
+
+
+def _read_string(frame: bytes, a: int, b: int, compact: bool) -> str | None:
+    if compact:
+        n, p = read_compact_prefix(frame, a)
+        n -= 1
+    else:
+        n, p = struct.unpack_from(">h", frame, a)[0], a + 2
+    return None if n < 0 else frame[p:p + n].decode("utf-8", "replace")
+
+
+def _string(s: str, frame: bytes, a: int, b: int, compact: bool) -> bytes:
+    data = s.encode("utf-8")
+    if not compact:
+        return struct.pack(">h", len(data)) + data
+    old, end = read_uvarint(frame, a)
+    return _uvarint(len(data) + 1, _width(old, end - a)) + data
+
+
+def _read_int(frame: bytes, a: int, b: int, encoding: str) -> int:
+    if encoding == "fixed":
+        return int.from_bytes(frame[a:b], "big", signed=True)
+    v = read_uvarint(frame, a, 10)[0]
+    return (v >> 1) ^ -(v & 1) if encoding == "packed" else v
+
+
+def _int(n: int, encoding: str, frame: bytes, a: int, b: int) -> bytes:
+    """``n`` in the place of the int field at ``frame[a:b]``, in its encoding."""
+    if encoding == "fixed":
+        return n.to_bytes(b - a, "big", signed=True)
+    if encoding == "packed":
+        n = (n << 1) ^ (n >> 63)
+    return _uvarint(n, _width(read_uvarint(frame, a, 10)[0], b - a))
 
 
 def _follow(obj: Struct, path: tuple[FieldSpec, ...]):

@@ -773,9 +773,13 @@ class Proxy:
 
         Returns:
             ``(new frame or None if nothing changed, the decoded response or None
-            when it was only scanned)``. :attr:`rewrite_exact` then says whether
-            the response re-encodes to the broker's bytes as they were (when not,
-            the new frame differs in more than the addresses).
+            when it was only scanned)``. The new frame differs from the broker's
+            only in the addresses (and the sizes around them): a response that
+            re-encodes to the broker's bytes is re-encoded, any other has the new
+            addresses spliced into its bytes (:meth:`AddressRewriter.splice
+            <kinspect.proxy.rewrite.AddressRewriter.splice>`). :attr:`rewrite_exact`
+            is False only when splicing failed and the response was re-encoded
+            (a bug, logged).
         Raises:
             DecodeError: the frame does not decode; EncodeError: it cannot be re-encoded.
         """
@@ -785,11 +789,29 @@ class Proxy:
             return None, None  # e.g. Produce/Fetch without NodeEndpoints: nothing to do
         resp = self.codec.decode_response(frame, api_key, api_version)
         # whether the broker's bytes are the codec's own: if not (a boolean byte other
-        # than 0 or 1, a negative length other than -1), re-encoding changes them too
-        self.rewrite_exact = self.codec.encode_response(resp) == frame
+        # than 0 or 1, a non-minimal varint, tags out of order), re-encoding would
+        # change them too, and the addresses are spliced in instead
+        exact = self.codec.encode_response(resp) == frame
+        self.rewrite_exact = True
         if not self.rewriter.rewrite(api_key, api_version, resp.body, self.map_address):
             return None, resp
         self.stats.rewritten += 1
+        if exact:
+            return self.codec.encode_response(resp), resp
+        try:
+            new, _ = self.rewriter.splice(api_key, api_version, frame, resp.body_offset,
+                                          self.map_address)
+            got = self.codec.decode_response(new, api_key, api_version)
+            if self.rewriter.endpoints(api_key, api_version, got.body) == \
+                    self.rewriter.endpoints(api_key, api_version, resp.body):
+                return new, resp
+            log.error("%s v%d response: splicing the addresses in gave other endpoints "
+                      "than rewriting the decoded response (a bug); re-encoded instead",
+                      self.codec.api_name(api_key), api_version)
+        except DecodeError as e:
+            log.error("%s v%d response: cannot splice the addresses in (%s; a bug); "
+                      "re-encoded instead", self.codec.api_name(api_key), api_version, e)
+        self.rewrite_exact = False
         return self.codec.encode_response(resp), resp
 
     def _triggers(self, api_key: int, api_version: int) -> frozenset[int] | None:
