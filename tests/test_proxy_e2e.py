@@ -238,7 +238,7 @@ async def test_port_per_broker_for_multi_broker_responses(tansu):
         async with running_proxy(tansu.bootstrap) as (proxy, rec):
             for api_key, version, body in _multi_broker_bodies(c, brokers):
                 frame_ = _response_frame(c, api_key, version, body)
-                new, _ = proxy.rewrite_response(api_key, version, frame_)
+                new = proxy.rewrite_response(api_key, version, frame_)
                 assert new is not None
                 flow = Flow(0, 0, "", "", api_key, version, 7, "", b"", 0)
                 got = _endpoints(c, flow, new)
@@ -255,7 +255,7 @@ async def test_port_per_broker_for_multi_broker_responses(tansu):
                 ErrorCode=15, NodeId=-1, Host="", Port=-1)
             frame_ = _response_frame(c, 10, 2, placeholder)
             before = set(proxy.listeners)
-            assert proxy.rewrite_response(10, 2, frame_)[0] is None
+            assert proxy.rewrite_response(10, 2, frame_) is None
             assert set(proxy.listeners) == before
             listener_a = proxy.listeners[(host_a, int(port_a))]
             listener_b = proxy.listeners[(host_b, int(port_b))]
@@ -320,17 +320,19 @@ async def test_produce_and_fetch_responses_without_node_endpoints_are_only_scann
                 continue
             cls = struct_class(reg.response(api_key).struct)
             plain = _response_frame(c, api_key, version, cls())
-            assert proxy.rewrite_response(api_key, version, plain) == (None, None)
+            assert proxy.rewrite_response(api_key, version, plain) is None
             other = _response_frame(c, api_key, version, cls(unknown_tags={5: b"x"}))
-            assert proxy.rewrite_response(api_key, version, other) == (None, None)
+            assert proxy.rewrite_response(api_key, version, other) is None
             host, port = tansu.bootstrap.rsplit(":", 1)
             ep = struct_class(reg.response(api_key).struct.field("NodeEndpoints").struct)
             tagged = _response_frame(c, api_key, version, cls(
                 NodeEndpoints=[ep(NodeId=1, Host=host, Port=int(port))],
                 unknown_tags={5: b"x"}))
-            new, resp = proxy.rewrite_response(api_key, version, tagged)
-            assert new is not None and resp is not None
+            new = proxy.rewrite_response(api_key, version, tagged)
+            assert new is not None
+            resp = c.decode_response(new, api_key, version)
             assert resp.body.NodeEndpoints[0].Port == proxy.address[1]
+            assert resp.body.unknown_tags == {5: b"x"}
         # a malformed one still fails like a decode would
         with pytest.raises(DecodeError):
             proxy.rewrite_response(0, 10, plain[:-3] + b"\x05\x05\x05")
@@ -386,10 +388,8 @@ async def _read_or_eof(reader) -> bytes | None:
 async def test_a_rewrite_changes_only_the_addresses_whatever_the_broker_s_encoding(tansu):
     """A response the codec would encode otherwise than the broker did (a boolean byte
     0x05, read as true, which re-encoding writes as 0x01) gets its new addresses
-    spliced into its own bytes: only they change, and the flow carries no note. A
-    real client's Metadata through the proxy is rewritten without a note either."""
-    from kinspect.proxy.server import _REENCODED_NOTE
-
+    spliced into its own bytes: only they change. A real client's Metadata through
+    the proxy is rewritten the same way (no note on the flow)."""
     c = codec()
     host, port = tansu.bootstrap.rsplit(":", 1)
     body = c.response_codec(3).cls.from_dict({
@@ -400,27 +400,26 @@ async def test_a_rewrite_changes_only_the_addresses_whatever_the_broker_s_encodi
     assert canonical[i] == 1
     odd = canonical[:i] + b"\x05" + canonical[i + 1:]
     async with running_proxy(tansu.bootstrap) as (proxy, rec):
-        new, resp = proxy.rewrite_response(3, 1, canonical)
-        assert proxy.rewrite_exact
-        new_odd, _ = proxy.rewrite_response(3, 1, odd)
-        assert proxy.rewrite_exact
+        new = proxy.rewrite_response(3, 1, canonical)
+        resp = c.decode_response(canonical, 3, 1)
+        AddressRewriter(c.registry).rewrite(3, 1, resp.body, proxy.map_address)
+        assert new == c.encode_response(resp)  # the codec's own bytes: as re-encoded
+        new_odd = proxy.rewrite_response(3, 1, odd)
         j = new.index(b"\x00\x01t") + 3
         assert new[j] == 1 and new_odd == new[:j] + b"\x05" + new[j + 1:]
         [(_, h, p)] = AddressRewriter(c.registry).endpoints(
             3, 1, c.decode_response(new_odd, 3, 1).body)
         assert (h, p) == (proxy.advertised_host(), proxy.address[1])
-        # should splicing ever fail (a bug, logged), the response is re-encoded and
-        # the proxy says so: rewrite_exact is False (the flow gets a note)
-        def broken(*_a):
-            raise DecodeError("test", offset=0)
-
-        proxy.rewriter.splice = broken
-        again, _ = proxy.rewrite_response(3, 1, odd)
-        assert not proxy.rewrite_exact and again == new
-        del proxy.rewriter.splice
-        # a real client's Metadata through the proxy: rewritten, exactly
+        # a malformed one still fails as a decode tells it (where and what)
+        with pytest.raises(DecodeError, match="offset"):
+            proxy.rewrite_response(3, 1, odd[:-2])
+        # a real client's Metadata through the proxy: rewritten, no note
         await roundtrip_async("kafka-python", "%s:%d" % proxy.address, ["v"],
                               topic="exact", group="exact-g", timeout=20)
         await proxy.pipeline.drained()
         md = [f for f in rec.flows if f.api_name == "Metadata" and REWRITTEN in f.flags]
-        assert md and not any(_REENCODED_NOTE in f.notes for f in md)
+        assert md and not any(f.notes for f in md)
+        for f in md:
+            assert f.response_sent != f.response
+            assert AddressRewriter(c.registry).endpoints(
+                3, f.api_version, c.decode_response(f.response_sent, 3, f.api_version).body)

@@ -416,7 +416,7 @@ async def test_a_response_naming_more_brokers_than_listeners_left_is_forwarded_u
             proxy.rewrite_response(3, 1, frame_)
         assert len(proxy.listeners) == 4
     async with running_proxy("127.0.0.1:9", max_listeners=11) as (proxy, _rec):
-        new, _ = proxy.rewrite_response(3, 1, frame_)
+        new = proxy.rewrite_response(3, 1, frame_)
         assert new is not None and len(proxy.listeners) == 11
 
 

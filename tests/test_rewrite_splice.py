@@ -264,3 +264,21 @@ def test_ports_in_varint_encodings_are_spliced_in_their_encoding():
         body.Host, body.Port = "proxy", 40003
         assert got == mc.encode(body, 0)
         assert struct.pack(">i", 40003) not in got  # not written fixed-width
+
+
+def test_a_host_that_is_not_utf8_is_read_as_the_decoder_reads_it():
+    """The codec reads strings with ``surrogateescape`` (lossless): a host that is
+    not UTF-8 is mapped under the same name a decode gives it."""
+    frame = _frame(CODEC, 10, 2, _cls(10)(NodeId=1, Host="hh", Port=1))
+    i = frame.index(b"hh")
+    bad = frame[:i] + b"\xff" + frame[i + 1:]
+    seen = []
+
+    def mapper(node, host, port):
+        seen.append(host)
+        return _mapper(node, host, port)
+
+    offset = CODEC.decode_response(bad, 10, 2, body=False).body_offset
+    got, changed = REWRITER.splice(10, 2, bad, offset, mapper)
+    assert changed == 1 and seen == [CODEC.decode_response(bad, 10, 2).body.Host]
+    assert got == _rewritten_by_reencoding(10, 2, bad)

@@ -6,6 +6,12 @@ field of Produce and Fetch responses. A proxy that leaves one of them alone lets
 clients connect around it. Rather than hard-coding those APIs, every response
 spec is searched for *endpoint structs*: structs with a string ``Host``, an int32
 ``Port`` and a broker id (``entityType: brokerId``) beside them.
+
+The proxy splices the new addresses into the broker's bytes
+(:meth:`AddressRewriter.splice`): the rest of the response crosses byte for byte,
+however the broker encoded it. :meth:`AddressRewriter.rewrite` changes decoded
+bodies instead (for what re-encodes them anyway, and as the independent reference
+the splicing is tested against).
 """
 
 from __future__ import annotations
@@ -58,7 +64,8 @@ def endpoint_paths(spec: MessageSpec) -> list[tuple[tuple[FieldSpec, ...], str]]
 
 
 class AddressRewriter:
-    """Rewrites broker addresses in decoded response bodies."""
+    """Finds and rewrites broker addresses in responses: in their bytes
+    (:meth:`splice`) or in decoded bodies (:meth:`rewrite`)."""
 
     def __init__(self, registry: SpecRegistry):
         self.registry = registry
@@ -238,7 +245,8 @@ def _read_string(frame: bytes, a: int, b: int, compact: bool) -> str | None:
         n -= 1
     else:
         n, p = struct.unpack_from(">h", frame, a)[0], a + 2
-    return None if n < 0 else frame[p:p + n].decode("utf-8", "replace")
+    # (bytes that are not UTF-8 read as the decoder reads them)
+    return None if n < 0 else frame[p:p + n].decode("utf-8", "surrogateescape")
 
 
 def _string(s: str, frame: bytes, a: int, b: int, compact: bool) -> bytes:

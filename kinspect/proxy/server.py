@@ -576,9 +576,6 @@ class Proxy:
         self.lingering: set[asyncio.Transport] = set()
         #: the pipeline is too far behind: no connection is read (see overload)
         self.overloaded = False
-        #: whether the last response :meth:`rewrite_response` decoded re-encodes to its
-        #: own bytes
-        self.rewrite_exact = True
         self._next_conn = 0
         self._next_flow = 0
         self._closing = False
@@ -761,58 +758,45 @@ class Proxy:
     def map_address(self, node_id: int | None, host: str, port: int) -> tuple[str, int]:
         return self.advertised_host(), self.listener_for((host, port)).port
 
-    def rewrite_response(self, api_key: int, api_version: int,
-                         frame: bytes) -> tuple[bytes | None, Any]:
+    def rewrite_response(self, api_key: int, api_version: int, frame: bytes) -> bytes | None:
         """Rewrite the broker addresses in a response frame to this proxy's listeners
         (creating listeners for brokers seen for the first time).
 
+        The new addresses are spliced into the broker's bytes
+        (:meth:`AddressRewriter.splice <kinspect.proxy.rewrite.AddressRewriter.splice>`):
+        the new frame differs from the broker's only in the addresses and the sizes
+        of the tagged fields around them, however the broker encoded the rest. The
+        response is walked, not decoded (the pipeline decodes it after forwarding).
         Responses whose addresses can only be in top-level tagged fields (Produce
         v10+, Fetch v16+: KIP-951 ``NodeEndpoints``) are first scanned for those tags
-        (:meth:`~kinspect.codec.Codec.response_top_level_tags`) and decoded only
-        when one is there.
+        (:meth:`~kinspect.codec.Codec.response_top_level_tags`).
+
+        Args:
+            frame: the response frame without its size prefix.
 
         Returns:
-            ``(new frame or None if nothing changed, the decoded response or None
-            when it was only scanned)``. The new frame differs from the broker's
-            only in the addresses (and the sizes around them): a response that
-            re-encodes to the broker's bytes is re-encoded, any other has the new
-            addresses spliced into its bytes (:meth:`AddressRewriter.splice
-            <kinspect.proxy.rewrite.AddressRewriter.splice>`). :attr:`rewrite_exact`
-            is False only when splicing failed and the response was re-encoded
-            (a bug, logged).
+            The new frame, or ``None`` when no address changed.
         Raises:
-            DecodeError: the frame does not decode; EncodeError: it cannot be re-encoded.
+            DecodeError: the frame is malformed (as a decode tells it).
+            ListenerLimitError: it names more brokers than ``max_listeners``.
         """
         tags = self._triggers(api_key, api_version)
         if tags is not None and not tags & self.codec.response_top_level_tags(
                 frame, api_key, api_version):
-            return None, None  # e.g. Produce/Fetch without NodeEndpoints: nothing to do
-        resp = self.codec.decode_response(frame, api_key, api_version)
-        # whether the broker's bytes are the codec's own: if not (a boolean byte other
-        # than 0 or 1, a non-minimal varint, tags out of order), re-encoding would
-        # change them too, and the addresses are spliced in instead
-        exact = self.codec.encode_response(resp) == frame
-        self.rewrite_exact = True
-        if not self.rewriter.rewrite(api_key, api_version, resp.body, self.map_address):
-            return None, resp
-        self.stats.rewritten += 1
-        if exact:
-            return self.codec.encode_response(resp), resp
+            return None  # e.g. Produce/Fetch without NodeEndpoints: nothing to do
+        offset = self.codec.decode_response(frame, api_key, api_version, body=False).body_offset
         try:
-            new, _ = self.rewriter.splice(api_key, api_version, frame, resp.body_offset,
-                                          self.map_address)
-            got = self.codec.decode_response(new, api_key, api_version)
-            if self.rewriter.endpoints(api_key, api_version, got.body) == \
-                    self.rewriter.endpoints(api_key, api_version, resp.body):
-                return new, resp
-            log.error("%s v%d response: splicing the addresses in gave other endpoints "
-                      "than rewriting the decoded response (a bug); re-encoded instead",
-                      self.codec.api_name(api_key), api_version)
-        except DecodeError as e:
-            log.error("%s v%d response: cannot splice the addresses in (%s; a bug); "
-                      "re-encoded instead", self.codec.api_name(api_key), api_version, e)
-        self.rewrite_exact = False
-        return self.codec.encode_response(resp), resp
+            new, changed = self.rewriter.splice(api_key, api_version, frame, offset,
+                                                self.map_address)
+        except DecodeError:
+            # say where and what, as a decode does (the walk checks as much, less
+            # precisely); a frame the walk refuses does not decode either
+            self.codec.decode_response(frame, api_key, api_version)
+            raise
+        if not changed:
+            return None
+        self.stats.rewritten += 1
+        return new
 
     def _triggers(self, api_key: int, api_version: int) -> frozenset[int] | None:
         """The top-level tags a response must carry to hold broker addresses, or
@@ -1271,7 +1255,7 @@ class Connection:
         """Rewrite the broker addresses in a response frame: the bytes to send, and
         what happened, for :func:`_apply_outcome` to note on the flow."""
         try:
-            new, resp = self.proxy.rewrite_response(api_key, api_version, frame)
+            new = self.proxy.rewrite_response(api_key, api_version, frame)
         except DecodeError as e:
             return frame, (_UNDECODED, f"response: {e}")
         except (KinspectError, OSError) as e:
@@ -1279,9 +1263,7 @@ class Connection:
                         self.id, self.proxy.codec.api_name(api_key), api_version, e)
             return frame, (_FAILED, f"rewrite failed: {e}")
         if new is None:
-            return frame, (_UNCHANGED, resp)  # reuse: it equals the bytes on the wire
-        if not self.proxy.rewrite_exact:
-            return new, (_REWRITTEN, new, _REENCODED_NOTE)
+            return frame, _SCANNED
         return new, (_REWRITTEN, new)
 
     # -- lifecycle ---------------------------------------------------------------
@@ -1419,8 +1401,8 @@ class Connection:
 
 
 _UNDECODED, _FAILED, _UNCHANGED, _REWRITTEN = range(4)
-#: the outcome of a response scanned for the tags of broker addresses and found
-#: without them: forwarded as read, not decoded
+#: the outcome of a response walked for broker addresses (or scanned for their tags)
+#: and forwarded as read
 _SCANNED = (_UNCHANGED, None)
 
 
@@ -1428,21 +1410,14 @@ def _first(item: tuple) -> Any:
     return item[0]
 
 
-_REENCODED_NOTE = ("rewritten: the broker's encoding is not the codec's own (e.g. a boolean "
-                   "byte other than 0 or 1), so re-encoding changed more than the addresses; "
-                   "compare the response with the bytes sent")
-
-
 def _apply_outcome(flow: Flow, outcome: tuple) -> None:
     """Note on ``flow`` what rewriting its response did (``Connection._rewrite_frame``)."""
-    kind, value = outcome[0], outcome[1]
+    kind, value = outcome
     if kind == _UNCHANGED:
-        flow.response_decoded = value
-    elif kind == _REWRITTEN:
+        return
+    if kind == _REWRITTEN:
         flow.response_sent = value
         flow.flags.add(REWRITTEN)
-        if len(outcome) > 2:
-            flow.notes.append(outcome[2])
     elif kind == _UNDECODED:
         flow.flags.add(UNDECODED)
         flow.error = value
