@@ -282,3 +282,32 @@ def test_a_host_that_is_not_utf8_is_read_as_the_decoder_reads_it():
     got, changed = REWRITER.splice(10, 2, bad, offset, mapper)
     assert changed == 1 and seen == [CODEC.decode_response(bad, 10, 2).body.Host]
     assert got == _rewritten_by_reencoding(10, 2, bad)
+
+
+@pytest.mark.parametrize("api_key,version", [(3, 12), (3, 1), (10, 4), (0, 10), (1, 16)])
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_damaged_responses_are_decode_errors_or_walk_to_their_end(api_key, version, data):
+    """Any bytes at all: the splice either walks them to their end or raises a
+    DecodeError (no other exception, nothing allocated beyond the input's size)."""
+    spec = CODEC.registry.response(api_key)
+    frame = _frame(CODEC, api_key, version, data.draw(message_values(spec, version)))
+    offset = CODEC.decode_response(frame, api_key, version, body=False).body_offset
+    body = bytearray(frame[offset:])
+    for _ in range(data.draw(st.integers(1, 4))):
+        op = data.draw(st.sampled_from(["flip", "insert", "delete", "cut"]))
+        at = data.draw(st.integers(0, max(0, len(body) - 1)))
+        if op == "flip" and body:
+            body[at] = data.draw(st.integers(0, 255))
+        elif op == "insert":
+            body[at:at] = data.draw(st.binary(min_size=1, max_size=4))
+        elif op == "delete" and body:
+            del body[at]
+        elif op == "cut":
+            del body[at:]
+    damaged = frame[:offset] + bytes(body)
+    try:
+        got, changed = REWRITER.splice(api_key, version, damaged, offset, _mapper)
+    except DecodeError:
+        return
+    assert changed >= 0 and len(got) <= len(damaged) + changed * 600
