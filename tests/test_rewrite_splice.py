@@ -311,3 +311,131 @@ def test_damaged_responses_are_decode_errors_or_walk_to_their_end(api_key, versi
     except DecodeError:
         return
     assert changed >= 0 and len(got) <= len(damaged) + changed * 600
+
+
+# -- endpoint structs no Kafka spec has, as a spec of one's own may ---------------
+
+def _inline(fields: list, version: str = "0") -> tuple:
+    """(registry, message codec, rewriter) of an inline Metadata-like response."""
+    import json
+
+    from kinspect.codec import SpecRegistry
+
+    reg = SpecRegistry()
+    spec = reg.add_text(json.dumps({
+        "apiKey": 3, "type": "response", "name": "MetadataResponse",
+        "validVersions": version, "flexibleVersions": "0+", "fields": fields}), "inline.json")
+    return reg, reg.codec(spec), AddressRewriter(reg)
+
+
+def _both(mc, rw, body, version: int = 0):
+    """(spliced, re-encoded) with the mapper calls of each, for one inline body."""
+    raw = mc.encode(body, version)
+    calls: list[list] = [[], []]
+
+    def mapper_of(k):
+        def mapper(node, host, port):
+            calls[k].append((node, host, port))
+            return _mapper(node, host, port)
+        return mapper
+
+    got, n = rw.splice(3, version, raw, 0, mapper_of(0))
+    dec = mc.decode(raw, version)
+    m = rw.rewrite(3, version, dec, mapper_of(1))
+    assert n == m
+    return got, mc.encode(dec, version), calls
+
+
+def _ep(*extra, node_versions="0+", node_tagged=False):
+    node = {"name": "NodeId", "type": "int32", "versions": node_versions,
+            "entityType": "brokerId"}
+    if node_tagged:
+        node.update(taggedVersions="0+", tag=0, default="7")
+    return [node, {"name": "Host", "type": "string", "versions": "0+"}, *extra,
+            {"name": "Port", "type": "int32", "versions": "0+"}]
+
+
+def test_an_endpoint_inside_another_between_its_fields():
+    """Brokers[]{NodeId, Host, Alternates[]{NodeId, Host, Port}, Port}: both rewritten,
+    the outer one's Port with its own Host (each struct has its own group)."""
+    reg, mc, rw = _inline([{"name": "Brokers", "type": "[]Broker", "versions": "0+",
+                            "fields": _ep({"name": "Alternates", "type": "[]Alt",
+                                           "versions": "0+", "fields": _ep()})}])
+    body = mc.cls.from_dict({"Brokers": [
+        {"NodeId": 1, "Host": "b1", "Port": 9092,
+         "Alternates": [{"NodeId": 2, "Host": "alt", "Port": 9093}]}]})
+    got, expected, (spliced, rewritten) = _both(mc, rw, body)
+    assert got == expected and len(spliced) == 2
+    assert sorted(spliced) == sorted(rewritten)
+
+
+@pytest.mark.parametrize("kind", ["later versions", "tagged, left out"])
+def test_a_broker_id_not_on_the_wire_is_its_default(kind):
+    """A broker id of later versions only, or a tagged one left out of the tag
+    section: the mapper gets its default, as a decoded body has it."""
+    if kind == "later versions":
+        fields = _ep(node_versions="1+")
+    else:
+        fields = _ep(node_tagged=True)
+    reg, mc, rw = _inline([{"name": "Brokers", "type": "[]Broker", "versions": "0+",
+                            "fields": fields}], version="0-1")
+    body = mc.cls.from_dict({"Brokers": [{"Host": "b1", "Port": 9092}]})
+    got, expected, (spliced, rewritten) = _both(mc, rw, body)
+    assert got == expected and spliced == rewritten
+    assert spliced[0][0] == (0 if kind == "later versions" else 7)
+
+
+def test_a_tagged_endpoint_in_every_element_splices_in_one_sweep():
+    """Brokers[]{Ep: tagged {NodeId, Host, Port}}: a size to fix in every element
+    (found each from the edits in one pass, not by summing all edits per size)."""
+    reg, mc, rw = _inline([{"name": "Brokers", "type": "[]Broker", "versions": "0+",
+                            "fields": [{"name": "Ep", "type": "Ep", "versions": "0+",
+                                        "taggedVersions": "0+", "tag": 3,
+                                        "fields": _ep()}]}])
+    ep = struct_class(mc.spec.struct.field("Brokers").struct.field("Ep").struct)
+    broker = struct_class(mc.spec.struct.field("Brokers").struct)
+    body = mc.cls(Brokers=[broker(Ep=ep(NodeId=i % 5, Host="h" * (i % 140), Port=9000 + i))
+                           for i in range(600)])
+    got, expected, _ = _both(mc, rw, body)
+    assert got == expected
+
+
+async def test_a_tagged_host_or_port_is_rewritten_by_re_encoding():
+    """A Port that is a tagged field (left out when 0) cannot be spliced in without
+    adding to a tag section: ``splice`` says so (Unspliceable) and the proxy
+    decodes, rewrites and re-encodes that response instead."""
+    from kinspect.proxy.rewrite import Unspliceable
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    fields = [{"name": "NodeId", "type": "int32", "versions": "0+", "entityType": "brokerId"},
+              {"name": "Host", "type": "string", "versions": "0+"},
+              {"name": "Port", "type": "int32", "versions": "0+", "taggedVersions": "0+",
+               "tag": 1, "default": "0"}]
+    reg, mc, rw = _inline([{"name": "Brokers", "type": "[]Broker", "versions": "0+",
+                            "fields": fields}])
+    body = mc.cls.from_dict({"Brokers": [{"NodeId": 1, "Host": "127.0.0.1", "Port": 9092}]})
+    with pytest.raises(Unspliceable, match="Port is tagged"):
+        rw.splice(3, 0, mc.encode(body, 0), 0, _mapper)
+    for name in ("RequestHeader", "ResponseHeader"):
+        reg.add(CODEC.registry.messages[name])
+    c = Codec(reg)
+    hv = c.response_header_version(3, 0)
+    frame = c.encode_response(Response(3, 0, 7, hv, None, body, 0, "", 0))
+    proxy = Proxy(ProxyConfig(upstream=("127.0.0.1", 9)), c)
+    await proxy.start()
+    try:
+        new = proxy.rewrite_response(3, 0, frame)
+        [b] = c.decode_response(new, 3, 0).body.Brokers
+        listener = proxy.listeners[("127.0.0.1", 9092)]  # that broker's own listener
+        assert (b.Host, b.Port) == (proxy.advertised_host(), listener.port)
+    finally:
+        await proxy.close()
+
+
+def test_a_mapped_host_that_is_not_utf8_is_written_as_the_codec_writes_it():
+    reg, mc, rw = _inline([{"name": "Brokers", "type": "[]Broker", "versions": "0+",
+                            "fields": _ep()}])
+    raw = mc.encode(mc.cls.from_dict({"Brokers": [{"NodeId": 1, "Host": "b", "Port": 1}]}), 0)
+    got, n = rw.splice(3, 0, raw, 0, lambda n, h, p: ("\udcffx", 2))
+    assert n == 1 and mc.decode(got, 0).Brokers[0].Host == "\udcffx"
+    assert b"\xffx" in got

@@ -243,7 +243,8 @@ class Located:
     last field, in wire order; ``start``/``end`` are offsets into ``buf`` of the
     field's whole encoding (a string's length prefix included; a tagged field's
     data, without its tag and size). ``group`` numbers the structs holding such
-    fields, so that fields of one struct share it. ``sizes``: ``(size start, data
+    fields, so that fields of one struct share it (a struct walked between two of
+    its fields has a number of its own). ``sizes``: ``(size start, data
     start, data end)`` of every tagged field walked into on the way (KIP-482: its
     size is an unsigned varint before its data), innermost after outermost."""
 
@@ -266,6 +267,8 @@ class _LocateGen(_ScanGen):
         #: it, the index of the path ending at it or None)
         self.ctx: dict[int, tuple[FieldSpec, list, int | None]] = {}
         self.compact_of = [False] * len(paths)
+        #: the variable holding the number of the struct whose fields are recorded
+        self.group = "g"
 
     def struct(self, st: StructSpec, ind: int, top: bool = False) -> None:
         paths, self.pending = self.pending, []
@@ -278,13 +281,18 @@ class _LocateGen(_ScanGen):
             else:
                 tails = tails + [(path[1:], i)]
             ctx[id(f)] = (f, tails, target)
+        outer_group = self.group
         if any(target is not None for _, _, target in ctx.values()):
+            # this struct's own number: structs walked inside it take later ones
+            self.group = self.tmp("gid")
             self.emit(ind, "g += 1")
+            self.emit(ind, f"{self.group} = g")
         outer, self.ctx = self.ctx, ctx
         try:
             super().struct(st, ind, top)
         finally:
             self.ctx = outer
+            self.group = outer_group
 
     def wants(self, f: FieldSpec) -> bool:
         return id(f) in self.ctx
@@ -303,7 +311,7 @@ class _LocateGen(_ScanGen):
         super().field(f, ind, in_tag)
         self.pending = []
         if target is not None:
-            self.emit(ind, f"spans.append((g, {target}, {a}, pos))")
+            self.emit(ind, f"spans.append(({self.group}, {target}, {a}, pos))")
 
     def tag_data(self, ind: int, t: str, s: str) -> None:
         v = self.version
@@ -319,7 +327,7 @@ class _LocateGen(_ScanGen):
             self.emit(ind, f"{'if' if k == 0 else 'elif'} {t} == {f.tag}:")
             if target is not None:  # the field itself: its data
                 self.compact_of[target] = True
-                self.emit(ind + 1, f"spans.append((g, {target}, {q}, {q} + {s}))")
+                self.emit(ind + 1, f"spans.append(({self.group}, {target}, {q}, {q} + {s}))")
                 self.emit(ind + 1, f"pos += {s}")
             else:
                 self.pending = tails

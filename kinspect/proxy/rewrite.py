@@ -20,7 +20,7 @@ import struct
 from typing import Callable
 
 from ..codec.compiler import read_compact_prefix, read_uvarint
-from ..codec.errors import DecodeError
+from ..codec.errors import DecodeError, KinspectError
 from ..codec.registry import SpecRegistry
 from ..codec.scan import Located, compile_locator
 from ..codec.spec import FieldSpec, MessageSpec, StructSpec
@@ -28,6 +28,12 @@ from ..codec.values import Struct
 
 #: (broker id or None, upstream host, upstream port) -> (advertised host, port)
 Mapper = Callable[[int | None, str, int], tuple[str, int]]
+
+
+class Unspliceable(KinspectError):
+    """A response version whose endpoints cannot be spliced: a ``Host`` or ``Port``
+    that is a tagged field (writing one that was left out would mean adding to a
+    tag section) or missing at that version. No Kafka spec has one."""
 
 
 def _is_endpoint(st: StructSpec) -> tuple[str, FieldSpec] | None:
@@ -128,7 +134,10 @@ class AddressRewriter:
         broker sent it, however it encoded it (non-minimal varints, a boolean byte
         other than 0 or 1, tags out of order: what re-encoding would change). A
         varint length prefix or size the broker wrote wider than needed keeps its
-        width where the new value fits in it; the others are written minimal.
+        width where the new value fits in it; the others are written minimal. The
+        mapper is called for each endpoint in wire order; a broker id that is not
+        on the wire (a tagged field left out, a field of later versions) is its
+        default, as in a decoded body.
 
         Args:
             frame: the response frame without its size prefix (header included).
@@ -138,24 +147,12 @@ class AddressRewriter:
             ``(new frame, endpoints changed)``; the frame itself when none changed.
         Raises:
             DecodeError: the body does not walk to the end of the frame.
+            Unspliceable: a ``Host`` or ``Port`` of this version is a tagged field
+                or missing (no Kafka spec has one; use :meth:`rewrite`).
         """
         loc = self._locators.get((api_key, api_version))
         if loc is None:
-            spec = self.registry.response(api_key)
-            if spec is None:
-                raise DecodeError(f"no spec for api key {api_key}", offset=0)
-            fields: list[FieldSpec] = []
-            paths: list[tuple[FieldSpec, ...]] = []
-            for path, node_field in self.paths(api_key):
-                if not all(f.versions.contains(api_version) for f in path):
-                    continue
-                owner = path[-2].struct if len(path) > 1 else spec.struct
-                names = {f.name: f for f in owner.fields}
-                for f in (path[-1], names["Port"], names[node_field]):
-                    paths.append(path[:-1] + (f,))
-                    fields.append(f)
-            loc = self._locators[(api_key, api_version)] = (
-                compile_locator(spec, api_version, paths), fields)
+            loc = self._locators[(api_key, api_version)] = self._locator(api_key, api_version)
         located, fields = loc
         try:
             end, spans, sizes = located.locate(frame, body_offset, len(frame))
@@ -170,12 +167,13 @@ class AddressRewriter:
         edits: list[tuple[int, int, bytes]] = []
         changed = 0
         for (_, k), at in groups.items():
-            if len(at) != 3:
-                continue  # (a struct without one of the three: not an endpoint here)
-            h, p, n = (3 * k + j for j in range(3))
+            host_f, port_f, node_f = fields[3 * k:3 * k + 3]
+            h = 3 * k
             host = _read_string(frame, *at[0], located.compact[h])
-            port = _read_int(frame, *at[1], fields[p].encoding_in(api_version))
-            node = _read_int(frame, *at[2], fields[n].encoding_in(api_version))
+            port_enc = port_f.encoding_in(api_version)
+            port = _read_int(frame, *at[1], port_enc)
+            node = (_read_int(frame, *at[2], node_f.encoding_in(api_version)) if 2 in at
+                    else node_f.fresh_default())
             if not _real_endpoint(node, host, port):
                 continue
             new_host, new_port = mapper(node, host, port)
@@ -183,15 +181,10 @@ class AddressRewriter:
             if new_host != host:
                 edits.append((*at[0], _string(new_host, frame, *at[0], located.compact[h])))
             if new_port != port:
-                edits.append((*at[1], _int(new_port, fields[p].encoding_in(api_version),
-                                           frame, *at[1])))
+                edits.append((*at[1], _int(new_port, port_enc, frame, *at[1])))
         if not edits:
             return frame, 0
-        for z, q0, q1 in sorted(sizes, key=lambda s: s[2] - s[1]):  # innermost first
-            delta = sum(len(new) - (b - a) for a, b, new in edits if q0 <= a and b <= q1)
-            if delta:
-                old = read_uvarint(frame, z)[0]
-                edits.append((z, q0, _uvarint(old + delta, _width(old, q0 - z))))
+        edits += _size_edits(frame, edits, sizes)
         edits.sort()
         out: list[bytes] = []
         pos = 0
@@ -201,6 +194,44 @@ class AddressRewriter:
             pos = b
         out.append(frame[pos:])
         return b"".join(out), changed
+
+    def _locator(self, api_key: int, api_version: int) -> tuple[Located, list[FieldSpec]]:
+        """The locator of every endpoint's Host, Port and broker id at a version
+        (three paths per endpoint path, the broker id's left out where it is not
+        in the version), and the three fields of each."""
+        spec = self.registry.response(api_key)
+        if spec is None:
+            raise DecodeError(f"no spec for api key {api_key}", offset=0)
+        fields: list[FieldSpec] = []
+        paths: list[tuple[FieldSpec, ...]] = []
+        for path, node_field in self.paths(api_key):
+            if not all(f.versions.contains(api_version) for f in path):
+                continue
+            owner = path[-2].struct if len(path) > 1 else spec.struct
+            names = {f.name: f for f in owner.fields}
+            host, port, node = path[-1], names["Port"], names[node_field]
+            for f in (host, port):
+                if not f.versions.contains(api_version) or f.tagged_in(api_version):
+                    raise Unspliceable(f"{spec.name} v{api_version}: {f.name} is "
+                                       f"{'tagged' if f.versions.contains(api_version) else 'missing'}")
+            fields += (host, port, node)
+            paths += (path, path[:-1] + (port,), path[:-1] + (node,))
+            if not node.versions.contains(api_version):
+                paths[-1] = ()  # (never on the wire: its default)
+        index = [i for i, p in enumerate(paths) if p]
+        located = compile_locator(spec, api_version, [paths[i] for i in index])
+        if len(index) != len(paths):  # renumber the spans to the three-per-endpoint scheme
+            inner = located.locate
+            compact = [False] * len(paths)
+            for n, i in enumerate(index):
+                compact[i] = located.compact[n]
+
+            def locate(buf, pos, end, inner=inner, index=index):
+                end_, spans, sizes = inner(buf, pos, end)
+                return end_, [(g, index[i], a, b) for g, i, a, b in spans], sizes
+
+            located = Located(locate, compact)
+        return located, fields
 
     def endpoints(self, api_key: int, api_version: int, body: Struct) -> list[tuple[int, str, int]]:
         """``(broker id, host, port)`` of every endpoint in ``body``."""
@@ -217,6 +248,38 @@ def _real_endpoint(node: int | None, host: str | None, port: int) -> bool:
     """False for the placeholders of error answers (e.g. FindCoordinator's
     COORDINATOR_NOT_AVAILABLE: NodeId -1, Host "", Port -1), which stay untouched."""
     return bool(host) and 0 < port <= 65535 and (node is None or node >= 0)
+
+
+def _size_edits(frame: bytes, edits: list[tuple[int, int, bytes]],
+                sizes: list[tuple[int, int, int]]) -> list[tuple[int, int, bytes]]:
+    """The new size varints of the tagged fields (``sizes``: size start, data start,
+    data end; properly nested) whose data ``edits`` change, in one sweep over both
+    in wire order: each field's change is passed to the field around it once it
+    ends (its data's change plus its size varint's own)."""
+    out: list[tuple[int, int, bytes]] = []
+    items = sorted([(a, 1, b - a, len(new) - (b - a)) for a, b, new in edits] +
+                   [(z, 0, q0, q1) for z, q0, q1 in sizes])
+    stack: list[list[int]] = []  # [data end, change so far, size start, data start]
+
+    def close(upto: int) -> None:
+        while stack and stack[-1][0] <= upto:
+            _, delta, z, q0 = stack.pop()
+            if delta:
+                old = read_uvarint(frame, z)[0]
+                new = _uvarint(old + delta, _width(old, q0 - z))
+                out.append((z, q0, new))
+                delta += len(new) - (q0 - z)
+                if stack:
+                    stack[-1][1] += delta
+
+    for pos, kind, x, y in items:
+        close(pos)
+        if kind == 0:  # a tagged field starts: (size start, data start, data end)
+            stack.append([y, 0, pos, x])
+        elif stack:  # an edit inside the innermost open tagged field
+            stack[-1][1] += y
+    close(len(frame) + 1)
+    return out
 
 
 def _width(old: int, width: int) -> int:
@@ -250,7 +313,7 @@ def _read_string(frame: bytes, a: int, b: int, compact: bool) -> str | None:
 
 
 def _string(s: str, frame: bytes, a: int, b: int, compact: bool) -> bytes:
-    data = s.encode("utf-8")
+    data = s.encode("utf-8", "surrogateescape")  # (as the codec encodes strings)
     if not compact:
         return struct.pack(">h", len(data)) + data
     old, end = read_uvarint(frame, a)

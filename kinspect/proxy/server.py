@@ -48,7 +48,7 @@ from ..codec import Codec, DecodeError, FrameSizeError, KinspectError
 from ..codec.frames import DEFAULT_MAX_FRAME
 from ..codec.protocol import scan_tags as _scan_tags
 from ..flows import MUTATED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
-from .rewrite import AddressRewriter
+from .rewrite import AddressRewriter, Unspliceable
 from .tracker import PRODUCE, SASL_HANDSHAKE, FlowTracker
 
 try:
@@ -767,6 +767,8 @@ class Proxy:
         the new frame differs from the broker's only in the addresses and the sizes
         of the tagged fields around them, however the broker encoded the rest. The
         response is walked, not decoded (the pipeline decodes it after forwarding).
+        (Specs whose ``Host`` or ``Port`` is a tagged field, which no Kafka spec
+        has, are decoded, rewritten and re-encoded instead.)
         Responses whose addresses can only be in top-level tagged fields (Produce
         v10+, Fetch v16+: KIP-951 ``NodeEndpoints``) are first scanned for those tags
         (:meth:`~kinspect.codec.Codec.response_top_level_tags`).
@@ -793,6 +795,10 @@ class Proxy:
             # precisely); a frame the walk refuses does not decode either
             self.codec.decode_response(frame, api_key, api_version)
             raise
+        except Unspliceable:  # (a spec of one's own with a tagged Host or Port)
+            resp = self.codec.decode_response(frame, api_key, api_version)
+            changed = self.rewriter.rewrite(api_key, api_version, resp.body, self.map_address)
+            new = self.codec.encode_response(resp) if changed else frame
         if not changed:
             return None
         self.stats.rewritten += 1
