@@ -656,6 +656,207 @@ async def test_a_read_of_many_frames_is_handled_a_slice_at_a_time(tansu, monkeyp
             assert (f.response_sent or f.response) == answers[i - 1], f
 
 
+async def _frozen_with_a_rest(tansu, proxy, n: int):
+    """A connection whose broker is frozen (SIGSTOP: the caller sends SIGCONT) and
+    whose later slices wait, as bytes, for answers (MAX_INFLIGHT and SLICE_FRAMES
+    made small by the caller): returns (socket, connection)."""
+    from kinspect.proxy.server import HOLD_INFLIGHT
+
+    s = socket.create_connection(proxy.address)
+    s.sendall(frame(api_versions(n + 1)))
+    await asyncio.get_running_loop().run_in_executor(None, s.recv, 65536)  # up, answered
+    [conn] = proxy.connections
+    os.kill(tansu.pid, signal.SIGSTOP)
+    s.sendall(b"".join(frame(api_versions(i)) for i in range(1, n + 1)))
+    await wait_for(lambda: conn.client_hold & HOLD_INFLIGHT and conn.req_cut.rest,
+                   what="the later slices to wait for answers")
+    return s, conn
+
+
+async def test_an_error_in_a_later_slice_ends_that_connection(tansu, monkeypatch):
+    """A request mutator raising in the third slice of a read: the connection ends
+    (its client sees the end) instead of waiting for ever with reading paused, as an
+    error in the read's own callback ends it; other connections go on."""
+    from kinspect.proxy import server
+
+    monkeypatch.setattr(server, "SLICE_FRAMES", 3)
+
+    def mutator(flow, data):
+        if flow.correlation_id == 8:
+            raise ValueError("a mutator's bug")
+        return None
+
+    async with running_proxy(tansu.bootstrap) as (proxy, _rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(100))
+        proxy.request_mutator = mutator
+        raw.send(*[api_versions(i) for i in range(1, 21)])
+        got = []
+        while True:
+            try:
+                resp = await raw.read(timeout=20)
+            except ConnectionError:
+                break  # the end (reset)
+            if resp is None:
+                break  # the end
+            got.append(corr_of(resp))
+        assert got == list(range(1, len(got) + 1)) and len(got) < 20
+        await wait_for(lambda: not proxy.connections, what="the connection to end")
+        proxy.request_mutator = None
+        other = await asyncio.wait_for(exchange(*proxy.address, [api_versions(5)]), 20)
+        assert corr_of(other[0]) == 5
+        raw.close()
+
+
+async def test_the_rest_of_a_read_waits_while_the_pipeline_is_behind(tansu, monkeypatch):
+    """The pipeline falls behind (Proxy.overload) while a read's later slices wait:
+    they wait for it too, as bytes, as new reads do (each slice went on into the
+    pipeline before); once it catches up they go, and every request is answered."""
+    from kinspect.proxy import server
+
+    monkeypatch.setattr(server, "SLICE_FRAMES", 3)
+
+    class Behind:
+        """An addon with a queue of its own (as the capture has): as far behind as
+        told (the pipeline pauses the proxy, and resumes it once under half)."""
+
+        pause_bytes = 1 << 20
+        backlog_bytes = 0
+
+    behind = Behind()
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        proxy.pipeline.add(behind)
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(100))
+        [conn] = proxy.connections
+
+        def mutator(flow, data):  # (runs in the first slice)
+            if flow.correlation_id == 1:
+                behind.backlog_bytes = 2 << 20
+                proxy.pipeline._maybe_pause()  # (as on its next event)
+            return None
+
+        proxy.request_mutator = mutator
+        raw.send(*[api_versions(i) for i in range(1, 31)])
+        await wait_for(lambda: proxy.overloaded, what="the overload")
+        await asyncio.sleep(0.3)
+        assert proxy.overloaded
+        assert conn.req_cut.rest, "the later slices went on while the pipeline was behind"
+        await proxy.pipeline.drained()
+        seen = {f.correlation_id for f in rec.requests if f.conn == conn.id} - {100}
+        assert seen == {1, 2, 3}, seen  # the first slice only
+        behind.backlog_bytes = 0  # caught up: the pipeline resumes the proxy
+        got = [corr_of(await raw.read(timeout=20)) for _ in range(30)]
+        assert got == list(range(1, 31)) and not conn.req_cut.rest
+        raw.close()
+
+
+async def test_shutdown_survives_an_error_in_the_rest_of_a_read(tansu, monkeypatch):
+    """Proxy.close() handles the waiting slices of each read before it stops reading
+    (drain); an error there ends that connection and the shutdown goes on (it
+    raised out of close() before, leaving connections and pipeline open)."""
+    from kinspect.proxy import server
+
+    monkeypatch.setattr(server, "SLICE_FRAMES", 3)
+    monkeypatch.setattr(server, "MAX_INFLIGHT", 4)
+    async with running_proxy(tansu.bootstrap) as (proxy, _rec):
+        try:
+            s, conn = await _frozen_with_a_rest(tansu, proxy, 30)
+
+            def mutator(flow, data):
+                raise ValueError("a mutator's bug")
+
+            proxy.request_mutator = mutator
+            await proxy.close(timeout=2)
+            assert conn.closed and not proxy.connections
+        finally:
+            os.kill(tansu.pid, signal.SIGCONT)
+        s.close()
+
+
+async def test_a_connection_ending_with_requests_waiting_in_a_read_passes_them_on(
+        tansu, monkeypatch):
+    """Requests of a read that wait as bytes (past MAX_INFLIGHT) when the connection
+    ends (the client reset, noticed when an answer is written to it) go on to the
+    broker as the first slice went: tracked and noted (so captured), not written
+    raw past the pipeline, as before; none is lost."""
+    from kinspect.proxy import server
+
+    monkeypatch.setattr(server, "SLICE_FRAMES", 3)
+    monkeypatch.setattr(server, "MAX_INFLIGHT", 4)
+    n = 30
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        try:
+            s, conn = await _frozen_with_a_rest(tansu, proxy, n)
+            assert 0 < len(conn.tracker.inflight) < n
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            s.close()  # reset
+        finally:
+            os.kill(tansu.pid, signal.SIGCONT)  # its answers fail on the client side
+        await wait_for(lambda: conn.closed, what="the connection to end")
+        await proxy.pipeline.drained()
+        corrs = sorted(f.correlation_id for f in rec.flows if f.conn == conn.id)
+        assert corrs == list(range(1, n + 2))
+        assert not conn.req_cut.rest
+
+
+async def test_answers_waiting_in_a_read_go_out_rewritten_when_the_connection_ends(
+        tansu, monkeypatch):
+    """The broker's answers to 20 Metadata requests arrive in one read, and in the
+    same loop iteration the client's next read ends the connection (a bad size
+    prefix): the answers of the later slices go to the client rewritten and paired,
+    as the first slice's did (they were written raw, with the broker's address,
+    and their flows ended unanswered)."""
+    from kinspect.proxy import server
+
+    monkeypatch.setattr(server, "SLICE_FRAMES", 3)
+    n = 20
+    loop = asyncio.get_running_loop()
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        s = socket.create_connection(proxy.address)
+        s.sendall(frame(api_versions(100)))
+        await loop.run_in_executor(None, s.recv, 65536)  # up, answered
+        os.kill(tansu.pid, signal.SIGSTOP)
+        try:
+            s.sendall(b"".join(frame(metadata(i)) for i in range(1, n + 1)))
+            [conn] = proxy.connections
+            await wait_for(lambda: len(conn.tracker.inflight) == n, what="all forwarded")
+        finally:
+            def later():
+                os.kill(tansu.pid, signal.SIGCONT)
+                time.sleep(0.3)  # the answers reach the proxy's socket, then
+                s.sendall(b"\xff\xff\xff\xff")  # the client's bad size prefix
+
+            threading.Thread(target=later).start()
+        time.sleep(0.8)  # the loop is busy: both reads come in one iteration
+        sliced = proxy.stats.sliced_reads
+        s.settimeout(10)
+        data = b""
+        while True:
+            try:
+                chunk = await loop.run_in_executor(None, s.recv, 1 << 16)
+            except ConnectionError:
+                break
+            if not chunk:
+                break
+            data += chunk
+        s.close()
+        answers = []
+        while len(data) >= 4:
+            (size,) = struct.unpack(">i", data[:4])
+            answers.append(data[4:4 + size])
+            data = data[4 + size:]
+        await proxy.pipeline.drained()
+        assert sliced >= 1, "the answers did not come in one read (the case not made)"
+        assert [corr_of(a) for a in answers] == list(range(1, n + 1))
+        c = codec()
+        for a in answers:
+            body = c.decode_response(a, 3, 12).body
+            assert [(b.Host, b.Port) for b in body.Brokers] == [proxy.address]
+        flows = [f for f in rec.flows if f.conn == conn.id and f.api_key == 3]
+        assert len(flows) == n and all(f.response is not None for f in flows)
+
+
 # ---------------------------------------------------------------------------
 # slow consumer: backpressure
 # ---------------------------------------------------------------------------

@@ -886,6 +886,12 @@ class Proxy:
             else:
                 c.resume_client(HOLD_PIPELINE)
                 c.resume_upstream(HOLD_PIPELINE)
+                # the rest of a read that waited for the pipeline (see _after)
+                if c.req_cut.rest is not None and c.client_side is not None \
+                        and not c.client_hold & HOLD_INFLIGHT:
+                    c.client_side.slice_later()
+                if c.resp_cut.rest is not None and c.upstream_side is not None:
+                    c.upstream_side.slice_later()
 
     # -- per-frame helpers used by connections ---------------------------------
     def settle(self) -> None:
@@ -931,7 +937,7 @@ class Connection:
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
                  "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
                  "up_hold", "opened", "closed_ns", "draining", "unsettled", "apis", "simple",
-                 "half_closed", "client_side", "__weakref__")
+                 "half_closed", "client_side", "upstream_side", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -974,6 +980,7 @@ class Connection:
         self.half_closed = False
         #: the client's protocol (_ClientSide), which handles a read's later slices
         self.client_side: Any = None
+        self.upstream_side: Any = None
 
     def settle(self) -> None:
         """Pair the frames forwarded on the short path (``data_received``), in their
@@ -1139,11 +1146,13 @@ class Connection:
         if cut.rest is not None:
             self.proxy.stats.sliced_reads += 1
 
-    def upstream_rest(self) -> None:
-        """The next slice of what is left of a read from the broker (``resp_cut.rest``)."""
+    def upstream_rest(self, limit: int | None = None) -> None:
+        """The next slice of what is left of a read from the broker (``resp_cut.rest``),
+        of at most ``limit`` frames (as in :meth:`client_rest`)."""
         cut = self.resp_cut
         if cut.rest is not None:
-            self._from_broker(0, cut.take, cut.rest, self._must_hold, SLICE_FRAMES)
+            self._from_broker(0, cut.take, cut.rest, self._must_hold,
+                              SLICE_FRAMES if limit is None else limit)
 
     def _from_broker(self, n: int, framing: Callable[..., list], *args: Any) -> None:
         """``n`` bytes read from the broker: framed by ``framing(*args)`` (a
@@ -1321,11 +1330,15 @@ class Connection:
         """Shutting down: stop forwarding requests (what the client still sends
         is read and dropped); responses to forwarded requests still go through.
         Requests read before, and not handled yet (a slice of a read), go first."""
-        if not self.closed:
-            self.client_rest(0)
+        if not self.closed and self.req_cut.rest is not None:
+            self.rests(client=True, upstream=False)
+            if self.closed:
+                return
         self.draining = True
         self._early = []
         self.resume_upstream(HOLD_PIPELINE)
+        if self.resp_cut.rest is not None and self.upstream_side is not None:
+            self.upstream_side.slice_later()  # (it may have waited for the pipeline)
         if self.client_hold and not self.client_tr.is_closing():
             self.client_hold = 0
             self.client_tr.resume_reading()
@@ -1336,6 +1349,12 @@ class Connection:
         is logged at ``level``."""
         if self.closed:
             return
+        if self.req_cut.rest is not None or self.resp_cut.rest is not None:
+            # the later slices of a read came from their side before the end: they
+            # go on whole, forwarded, paired and noted as the first slice was
+            self.rests(client=not self.draining, upstream=True)
+            if self.closed:  # (one of them ended the connection: a bad size prefix)
+                return
         self.closed = True
         if reason:
             log.log(level, "conn %d (%s): closing: %s", self.id, self.client, reason)
@@ -1365,6 +1384,28 @@ class Connection:
             self.proxy.connections.discard(self)
             self.proxy.stats.connections_open -= 1
         self.proxy.pipeline.disconnected(self, now)
+
+    def rests(self, client: bool, upstream: bool) -> None:
+        """Handle what is left of the last read from the client (``client``) and from
+        the broker (``upstream``) at once, as the connection ends or drains: each
+        whole where its other side can still take it, else let go. An error doing
+        so ends the connection (as it would have in the read's own callback)."""
+        try:
+            if client and self.req_cut.rest is not None:
+                if self.up_tr is not None and not self.up_tr.is_closing():
+                    self.client_rest(0)
+                else:
+                    self.req_cut.rest = None
+            if upstream and self.resp_cut.rest is not None:
+                if not self.client_tr.is_closing():
+                    self.upstream_rest(0)
+                else:
+                    self.resp_cut.rest = None
+        except Exception:  # noqa: BLE001 - a bug or a mutator's error: end this connection
+            log.exception("conn %d (%s): error handling the rest of a read", self.id,
+                          self.client)
+            self.req_cut.rest = self.resp_cut.rest = None
+            self.close("internal error", logging.ERROR)
 
     @property
     def client_paused(self) -> bool:
@@ -1471,7 +1512,19 @@ class _Slices:
         """Handle the next slice of the read at the next loop iteration (once)."""
         if not self.slice_due:
             self.slice_due = True
-            asyncio.get_running_loop().call_soon(self._next_slice)  # type: ignore[attr-defined]
+            asyncio.get_running_loop().call_soon(self._slice)
+
+    def _slice(self) -> None:
+        self.slice_due = False
+        conn = self.conn  # type: ignore[attr-defined]
+        try:
+            self._next_slice()  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - as an error in the read's own callback: the
+            # connection ends (its transports closed), and nothing waits on it for ever
+            log.exception("conn %d (%s): error handling a slice of a read", conn.id,
+                          conn.client)
+            conn.req_cut.rest = conn.resp_cut.rest = None
+            conn.close("internal error", logging.ERROR)
 
 
 class _ClientSide(_Slices, asyncio.Protocol):
@@ -1597,8 +1650,8 @@ class _ClientSide(_Slices, asyncio.Protocol):
         if cut.rest is not None:
             if not conn.client_hold & HOLD_SLICE:
                 conn.pause_client(HOLD_SLICE)
-            if not conn.client_hold & HOLD_INFLIGHT:  # else once answers come
-                self.slice_later()
+            if not conn.client_hold & (HOLD_INFLIGHT | HOLD_PIPELINE):
+                self.slice_later()  # (else once answers come, or the pipeline catches up)
             return
         if cut.own is not None:  # a large frame: read it in place
             self.transport.set_protocol(self.frame_side)
@@ -1606,10 +1659,9 @@ class _ClientSide(_Slices, asyncio.Protocol):
             conn.resume_client(HOLD_SLICE)
 
     def _next_slice(self) -> None:
-        self.slice_due = False
         conn = self.conn
-        if conn.req_cut.rest is None or conn.client_hold & HOLD_INFLIGHT:
-            return  # ended (or drained) meanwhile; or MAX_INFLIGHT wait for answers
+        if conn.req_cut.rest is None or conn.client_hold & (HOLD_INFLIGHT | HOLD_PIPELINE):
+            return  # ended (or drained) meanwhile; or wait for answers, for the pipeline
         conn.client_rest()
         self._after(conn, conn.req_cut)
 
@@ -1677,6 +1729,7 @@ class _UpstreamSide(_Slices, asyncio.Protocol):
         self.conn = conn
         self.transport: asyncio.Transport | None = None
         self.frame_side = _FrameSide(self, conn, client=False)
+        conn.upstream_side = self
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
@@ -1760,7 +1813,8 @@ class _UpstreamSide(_Slices, asyncio.Protocol):
         if cut.rest is not None:
             if not conn.up_hold & HOLD_SLICE:
                 conn.pause_upstream(HOLD_SLICE)
-            self.slice_later()
+            if not conn.up_hold & HOLD_PIPELINE:  # else once the pipeline catches up
+                self.slice_later()
             return
         if cut.own is not None:  # a large frame: read it in place
             self.transport.set_protocol(self.frame_side)
@@ -1768,10 +1822,9 @@ class _UpstreamSide(_Slices, asyncio.Protocol):
             conn.resume_upstream(HOLD_SLICE)
 
     def _next_slice(self) -> None:
-        self.slice_due = False
         conn = self.conn
-        if conn.resp_cut.rest is None:  # ended meanwhile
-            return
+        if conn.resp_cut.rest is None or conn.up_hold & HOLD_PIPELINE:
+            return  # ended meanwhile; or wait for the pipeline
         conn.upstream_rest()
         self._after(conn, conn.resp_cut)
 
