@@ -167,7 +167,7 @@ class AddressRewriter:
         edits: list[tuple[int, int, bytes]] = []
         changed = 0
         for (_, k), at in groups.items():
-            host_f, port_f, node_f = fields[3 * k:3 * k + 3]
+            _, port_f, node_f = fields[3 * k:3 * k + 3]
             h = 3 * k
             host = _read_string(frame, *at[0], located.compact[h])
             port_enc = port_f.encoding_in(api_version)
