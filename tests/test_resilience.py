@@ -234,11 +234,13 @@ def errors_logged(caplog) -> list[str]:
     return [f"{r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
 
 
-async def wait_for(predicate, timeout: float = 10.0, what: str = "condition") -> None:
+async def wait_for(predicate, timeout: float = 10.0, what="condition") -> None:
+    """Poll ``predicate`` until true; ``what`` (a string, or a function giving one at
+    the time out) says what was waited for."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         await asyncio.sleep(0.02)
 
 
@@ -656,6 +658,21 @@ async def test_a_read_of_many_frames_is_handled_a_slice_at_a_time(tansu, monkeyp
             assert (f.response_sent or f.response) == answers[i - 1], f
 
 
+def _read_frame(s: socket.socket) -> bytes:
+    """One whole frame from a blocking socket."""
+    def exactly(k: int) -> bytes:
+        data = b""
+        while len(data) < k:
+            chunk = s.recv(k - len(data))
+            if not chunk:
+                raise ConnectionError("closed inside a frame")
+            data += chunk
+        return data
+
+    (size,) = struct.unpack(">i", exactly(4))
+    return exactly(size)
+
+
 async def _frozen_with_a_rest(tansu, proxy, n: int):
     """A connection whose broker is frozen (SIGSTOP: the caller sends SIGCONT) and
     whose later slices wait, as bytes, for answers (MAX_INFLIGHT and SLICE_FRAMES
@@ -664,7 +681,7 @@ async def _frozen_with_a_rest(tansu, proxy, n: int):
 
     s = socket.create_connection(proxy.address)
     s.sendall(frame(api_versions(n + 1)))
-    await asyncio.get_running_loop().run_in_executor(None, s.recv, 65536)  # up, answered
+    await asyncio.get_running_loop().run_in_executor(None, _read_frame, s)  # up, answered
     [conn] = proxy.connections
     os.kill(tansu.pid, signal.SIGSTOP)
     s.sendall(b"".join(frame(api_versions(i)) for i in range(1, n + 1)))
@@ -815,12 +832,21 @@ async def test_answers_waiting_in_a_read_go_out_rewritten_when_the_connection_en
     async with running_proxy(tansu.bootstrap) as (proxy, rec):
         s = socket.create_connection(proxy.address)
         s.sendall(frame(api_versions(100)))
-        await loop.run_in_executor(None, s.recv, 65536)  # up, answered
+        await loop.run_in_executor(None, _read_frame, s)  # up, answered
         os.kill(tansu.pid, signal.SIGSTOP)
         try:
             s.sendall(b"".join(frame(metadata(i)) for i in range(1, n + 1)))
             [conn] = proxy.connections
-            await wait_for(lambda: len(conn.tracker.inflight) == n, what="all forwarded")
+
+            def forwarded() -> bool:
+                proxy.settle()
+                return set(range(1, n + 1)) <= {f.correlation_id for f in conn.tracker.inflight}
+
+            await wait_for(forwarded, timeout=20, what=lambda: (
+                f"all forwarded: in flight {[f.correlation_id for f in conn.tracker.inflight]}, "
+                f"client hold "
+                f"{conn.client_hold:#x}, rest {len(conn.req_cut.rest or b'')} B, "
+                f"{proxy.stats.bytes_from_clients} B from the client"))
         finally:
             def later():
                 os.kill(tansu.pid, signal.SIGCONT)
