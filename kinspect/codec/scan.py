@@ -246,7 +246,8 @@ class Located:
     fields, so that fields of one struct share it (a struct walked between two of
     its fields has a number of its own). ``sizes``: ``(size start, data
     start, data end)`` of every tagged field walked into on the way (KIP-482: its
-    size is an unsigned varint before its data), innermost after outermost."""
+    size is an unsigned varint before its data), in the order their data ends
+    (a tagged field inside another before it)."""
 
     __slots__ = ("locate", "compact")
 
