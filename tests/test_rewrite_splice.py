@@ -20,7 +20,7 @@ from kinspect.codec import Codec
 from kinspect.codec.errors import DecodeError
 from kinspect.codec.protocol import Response
 from kinspect.codec.values import struct_class
-from kinspect.proxy.rewrite import AddressRewriter, endpoint_paths
+from kinspect.proxy.rewrite import AddressRewriter, _follow, endpoint_paths
 from strategies import message_values
 
 CODEC = corpus_codec()
@@ -56,20 +56,10 @@ def _frame(c: Codec, api_key: int, version: int, body) -> bytes:
 
 
 def _endpoint_structs(api_key: int, version: int, body) -> list:
-    out = []
-    for path, _node in REWRITER.paths(api_key):
-        if not all(f.versions.contains(version) for f in path):
-            continue
-        items = [body]
-        for f in path[:-1]:
-            nxt = []
-            for it in items:
-                v = getattr(it, f.name)
-                if v is not None:
-                    nxt.extend(v if isinstance(v, list) else [v])
-            items = nxt
-        out.extend(items)
-    return out
+    """The endpoint structs of ``body``, found as ``AddressRewriter.rewrite`` finds them."""
+    return [st_ for path, _node in REWRITER.paths(api_key)
+            if all(f.versions.contains(version) for f in path)
+            for st_ in _follow(body, path)]
 
 
 HOSTS = st.one_of(st.text(max_size=12), st.text(alphabet="ab.-", min_size=100, max_size=300))
