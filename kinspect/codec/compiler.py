@@ -43,6 +43,7 @@ from __future__ import annotations
 import struct as _struct
 from typing import Any
 
+from .codecache import compile_cached
 from .errors import DecodeError, EncodeError
 from .native import native_module
 from .spec import INT_RANGES, FieldSpec, MessageSpec, StructSpec
@@ -288,6 +289,7 @@ class _Unit:
         self.nconst = 0
         self.ntmp = 0
         self.makers: dict[str, list[str]] = {}
+        self.sids: dict[int, int] = {}
 
     # -- helpers -----------------------------------------------------------------
     def const(self, value: Any) -> str:
@@ -311,12 +313,18 @@ class _Unit:
 
     def cls_name(self, st: StructSpec) -> str:
         struct_class(st)
-        name = f"C_{st.name}_{id(st)}"
+        name = f"C_{st.name}_{self.sid(st)}"
         self.ns[name] = st.cls
         return name
 
     def fn(self, kind: str, st: StructSpec) -> str:
-        return f"{kind}_{st.name}_{id(st)}"
+        return f"{kind}_{st.name}_{self.sid(st)}"
+
+    def sid(self, st: StructSpec) -> int:
+        """A number for ``st`` in this unit, in the order the walk meets the structs,
+        so that the same spec always generates the same source (the code cache is
+        keyed by it; ``id()`` would differ from run to run)."""
+        return self.sids.setdefault(id(st), len(self.sids))
 
     def compact(self, f: FieldSpec) -> bool:
         if f.flexible_versions is not None:
@@ -538,7 +546,7 @@ class _Unit:
         """Name of a generated function returning a new ``st`` with every field at its
         default (cheaper than the keyword ``__init__``; used for absent and tagged
         struct fields)."""
-        name = f"mk_{st.name}_{id(st)}"
+        name = f"mk_{st.name}_{self.sid(st)}"
         if name in self.makers:
             return name
         self.makers[name] = []  # placeholder against recursion
@@ -1211,7 +1219,7 @@ def _compile(msg: MessageSpec, version: int, traced: bool):
     for lines in unit.makers.values():
         unit.lines.extend(lines)
     source = "\n".join(unit.lines)
-    code = compile(source, f"<kinspect {msg.name} v{version}{' traced' if traced else ''}>", "exec")
+    code = compile_cached(source, f"<kinspect {msg.name} v{version}{' traced' if traced else ''}>")
     exec(code, unit.ns)
     native = None
     if _native is not None and not traced:

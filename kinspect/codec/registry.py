@@ -16,7 +16,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 import zipfile
 import zlib
 from collections.abc import Iterable, Iterator
@@ -29,6 +28,7 @@ from typing import Any
 
 import json5
 
+from .codecache import atomic_write
 from .compiler import CompiledVersion
 from .compiler import _native as _NATIVE
 from .errors import DecodeError, EncodeError, KinspectError, SpecError
@@ -112,22 +112,7 @@ def _cache_store(path: Path, doc: Any) -> None:
         data = json.dumps(doc, separators=(",", ":"), allow_nan=True)
     except (TypeError, ValueError):
         return
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError:
-        pass
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    atomic_write(path, data.encode("utf-8"))
 
 
 def kafka_python_specs() -> Path | None:

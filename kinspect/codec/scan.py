@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from .codecache import compile_cached
 from .compiler import FIXED, _derr, read_compact_prefix, read_uvarint
 from .spec import FieldSpec, MessageSpec, StructSpec
 
@@ -53,7 +54,7 @@ class _ScanGen:
         self.struct(msg.struct, 1, top=True)
         self.emit(1, f"return {result}")
         source = "\n".join(self.lines) + "\n"
-        exec(compile(source, f"<kinspect {msg.name} v{self.version} {name}>", "exec"), self.ns)
+        exec(compile_cached(source, f"<kinspect {msg.name} v{self.version} {name}>"), self.ns)
         return self.ns[name]
 
     def compact(self, f: FieldSpec) -> bool:
