@@ -3,7 +3,8 @@ is for modules.
 
 The compiler (:mod:`kinspect.codec.compiler`) and the scanners
 (:mod:`kinspect.codec.scan`) generate Python source for each message version they
-meet, then compile it. Python's ``compile()`` is most of that work: 10–25 ms for one
+meet, and :mod:`kinspect.codec.values` an ``__init__`` for each struct class, then
+compile it. Python's ``compile()`` is most of that work: 10–25 ms for one
 version of a large message (FetchResponse v13: some 37 KB of source), against
 0.2–0.4 ms to load the same code object back with :mod:`marshal`. A proxy meets each
 new (api key, api version) on its event loop, so every first sight used to stall all
@@ -44,9 +45,11 @@ _DIGEST = 32  # SHA-256 of the unit's name and source
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 
 
-#: entries kept in the cache directory (some 7 KiB each on average, 17 KiB for
-#: ProduceResponse v10: at most about 30 MiB)
-MAX_ENTRIES = 4096
+#: entries kept in the cache directory (a message version's code is some 7 KiB on
+#: average, 17 KiB for ProduceResponse v10, a struct's ``__init__`` under 1 KiB:
+#: at most about 40 MiB; all of Kafka's corpus, every version with its scanner and
+#: every struct, is some 3,000 entries)
+MAX_ENTRIES = 8192
 
 
 def _entry(filename: str, digest: bytes) -> Path | None:
