@@ -148,6 +148,7 @@ def test_unwritable_cache_still_compiles(tmp_path, monkeypatch):
 def test_directory_is_bounded(cache, monkeypatch):
     root, compiles = cache
     monkeypatch.setattr(codecache, "MAX_ENTRIES", 8)
+    monkeypatch.setattr(codecache, "PRUNE_EVERY", 1)
     written: dict[str, int] = {}  # entry -> the time the test gave it
     for i in range(20):
         inline(_spec("int8") | {"name": f"Bounded{i:02d}"}).decode(b"\x01", 0)
@@ -158,10 +159,23 @@ def test_directory_is_bounded(cache, monkeypatch):
         assert len(_entries(root)) <= 8
     kept = {p.name for p in _entries(root)}
     gone = set(written) - kept
-    assert len(written) == 40 and len(gone) >= 32  # a version's code and an __init__ each
+    assert len(written) == 20 and len(gone) >= 12
     # what was deleted is older than what was kept
     assert max(written[n] for n in gone) <= min(written[n] for n in kept)
     assert any(n.startswith("Bounded19") for n in kept)
+
+
+def test_directory_is_counted_every_prune_every_writes(cache, monkeypatch):
+    root, _ = cache
+    monkeypatch.setattr(codecache, "MAX_ENTRIES", 4)
+    monkeypatch.setattr(codecache, "PRUNE_EVERY", 5)
+    monkeypatch.setattr(codecache, "_writes", 0)
+    counts = []
+    for i in range(11):
+        inline(_spec("int8") | {"name": f"Every{i:02d}"}).decode(b"\x01", 0)
+        counts.append(len(_entries(root)))
+    # counted at the 1st, 6th and 11th write: 6 entries became 3, then 8 became 3
+    assert counts == [1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 3]
 
 
 def test_generated_source_is_the_same_in_every_process():

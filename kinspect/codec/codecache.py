@@ -3,8 +3,7 @@ is for modules.
 
 The compiler (:mod:`kinspect.codec.compiler`) and the scanners
 (:mod:`kinspect.codec.scan`) generate Python source for each message version they
-meet, and :mod:`kinspect.codec.values` an ``__init__`` for each struct class, then
-compile it. Python's ``compile()`` is most of that work: 10–25 ms for one
+meet, then compile it. Python's ``compile()`` is most of that work: 10–25 ms for one
 version of a large message (FetchResponse v13: some 37 KB of source), against
 0.2–0.4 ms to load the same code object back with :mod:`marshal`. A proxy meets each
 new (api key, api version) on its event loop, so every first sight used to stall all
@@ -15,9 +14,10 @@ Entries live under :func:`kinspect.codec.registry.cache_dir` (``code/``), one fi
 per generated unit, named after the unit (``FetchResponse v13``, its traced variant,
 each scanner) and the SHA-256 of its name and source: the same unit generated from
 another spec file, or by another kinspect, is another entry, so two spec sets in use
-side by side do not evict each other. The directory is bounded: when a write finds
-more than :data:`MAX_ENTRIES` entries, the oldest written go until a quarter of
-that is free. An entry holds the interpreter's bytecode magic number, the digest
+side by side do not evict each other. The directory is bounded: when a count of
+its entries (at a process's first write, then every :data:`PRUNE_EVERY` writes)
+finds more than :data:`MAX_ENTRIES`, the oldest written go until a quarter of that
+is free. An entry holds the interpreter's bytecode magic number, the digest
 again and the zlib-compressed :mod:`marshal` data; it is used only when both match,
 so a foreign or damaged entry is never run (zlib's checksum catches damaged data)
 and is simply rewritten. Writes are atomic (a temporary file, then
@@ -45,11 +45,13 @@ _DIGEST = 32  # SHA-256 of the unit's name and source
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.+-]+")
 
 
-#: entries kept in the cache directory (a message version's code is some 7 KiB on
-#: average, 17 KiB for ProduceResponse v10, a struct's ``__init__`` under 1 KiB:
-#: at most about 40 MiB; all of Kafka's corpus, every version with its scanner and
-#: every struct, is some 3,000 entries)
-MAX_ENTRIES = 8192
+#: entries kept in the cache directory (some 7 KiB each on average, 17 KiB for
+#: ProduceResponse v10: at most about 30 MiB; Kafka's whole corpus, every version
+#: with its scanner and address locator, is under 2,000 entries)
+MAX_ENTRIES = 4096
+#: writes in one process between two counts of the directory's entries
+PRUNE_EVERY = 128
+_writes = 0
 
 
 def _entry(filename: str, digest: bytes) -> Path | None:
@@ -108,8 +110,14 @@ def _load(path: Path, digest: bytes) -> CodeType | None:
 
 
 def _store(path: Path, digest: bytes, code: CodeType) -> None:
+    global _writes
     if atomic_write(path, _HEAD + digest + zlib.compress(marshal.dumps(code), 1)):
-        _prune(path.parent, MAX_ENTRIES)
+        # counting thousands of entries takes milliseconds: at a process's first
+        # write, then every PRUNE_EVERY writes (so the bound can be passed by that
+        # many entries per process writing at the time, until the next count)
+        if _writes % PRUNE_EVERY == 0:
+            _prune(path.parent, MAX_ENTRIES)
+        _writes += 1
 
 
 def _prune(root: Path, most: int) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 from typing import Any, Iterator
 
-from .codecache import compile_cached
 from .errors import EncodeError
 from .spec import FieldSpec, StructSpec, uuid_from_text, uuid_to_text
 
@@ -396,7 +395,9 @@ def _generated_init(spec: StructSpec):
     body.append("_s_._unknown = _dict(unknown_tags) if unknown_tags else None")
     body.append("_s_._present = None")
     src = f"def __init__(_s_, *, {', '.join(params)}):\n    " + "\n    ".join(body) + "\n"
-    exec(compile_cached(src, f"<kinspect {spec.name}.__init__>"), ns)
+    # (not through the code cache: for a function this small, compiling takes less
+    # time than finding and loading a cache entry, measured in BENCHMARKS.md)
+    exec(compile(src, f"<kinspect {spec.name}.__init__>", "exec"), ns)
     fn = ns["__init__"]
     fn.__qualname__ = f"{spec.name}.__init__"
     fn.__doc__ = f"Build a {spec.name}; omitted fields take their spec defaults."
