@@ -220,3 +220,21 @@ def test_cached_code_keeps_its_file_name_for_tracebacks(cache):
     fn = c.compiled(2).decode
     assert len(compiles) == n  # loaded from the cache
     assert fn.__code__.co_filename == "<kinspect SimpleExampleMessage v2>"
+
+
+def test_a_code_directory_others_may_write_to_is_not_used(cache):
+    """Entries are code kinspect runs: a planted one must not be."""
+    root, compiles = cache
+    root.mkdir(parents=True)
+    os.chmod(root, 0o777)
+    first = _round_trip(_corpus())
+    n = len(compiles)
+    assert n >= 1 and _entries(root) == []
+    assert _round_trip(_corpus()) == first
+    assert len(compiles) == 2 * n
+
+
+def test_the_code_directory_is_created_private(cache):
+    root, _ = cache
+    _round_trip(_corpus())
+    assert root.is_dir() and not root.stat().st_mode & 0o077

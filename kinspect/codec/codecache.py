@@ -22,6 +22,9 @@ again and the zlib-compressed :mod:`marshal` data; it is used only when both mat
 so a foreign or damaged entry is never run (zlib's checksum catches damaged data)
 and is simply rewritten. Writes are atomic (a temporary file, then
 ``os.replace``); an unwritable directory means entries are read but not written.
+Entries are code this process runs: a ``code/`` directory that is not the user's
+own, or that others may write to, is not used at all (it is created with mode
+0700).
 The cache is off with the spec cache (``KINSPECT_CACHE=off``);
 ``PYTHONDONTWRITEBYTECODE``, which is about modules' ``.pyc`` files, does not turn
 it off.
@@ -54,14 +57,40 @@ PRUNE_EVERY = 128
 _writes = 0
 
 
-def _entry(filename: str, digest: bytes) -> Path | None:
+#: code directories checked in this process: path -> usable
+_checked: dict[Path, bool] = {}
+
+
+def _code_dir() -> Path | None:
+    """``code/`` under the cache directory, created private (mode 0700) when missing;
+    ``None`` when the cache is off, or when the directory is not this user's own or
+    others may write to it: entries are code that this process will run, and
+    anyone who can write one can make it run theirs."""
     from .registry import cache_dir  # (registry imports the compiler)
 
     root = cache_dir()
     if root is None:
         return None
+    code = root / "code"
+    ok = _checked.get(code)
+    if ok is None:
+        try:
+            code.mkdir(mode=0o700, parents=True, exist_ok=True)
+            st = os.stat(code)
+            ok = (not hasattr(os, "getuid") or st.st_uid == os.getuid()) and \
+                not st.st_mode & 0o022
+        except OSError:
+            ok = False
+        _checked[code] = ok
+    return code if ok else None
+
+
+def _entry(filename: str, digest: bytes) -> Path | None:
+    code = _code_dir()
+    if code is None:
+        return None
     readable = _UNSAFE.sub("_", filename.strip("<>").removeprefix("kinspect "))[:80]
-    return root / "code" / f"{readable}-{digest.hex()[:24]}.marshal"
+    return code / f"{readable}-{digest.hex()[:24]}.marshal"
 
 
 def compile_cached(source: str, filename: str) -> CodeType:
