@@ -2930,7 +2930,9 @@ async def test_an_addon_queue_that_falls_behind_pauses_forwarding(tansu, unique,
     create_topic(tansu.bootstrap, topic)
     host, port = tansu.bootstrap.rsplit(":", 1)
     pipeline = Pipeline(codec(), pause_bytes=(1 << 30) if own_limit else 512 * 1024)
-    addon = _QueueingAddon(rate_per_10ms=100 * 1024)
+    # (1 MB/s: slower than rounds of 20 requests of 10 KiB come on a slow, loaded
+    # machine, so that the backlog passes the mark; at 10 MB/s it did not, on one)
+    addon = _QueueingAddon(rate_per_10ms=10 * 1024)
     if own_limit:
         addon.pause_bytes = 512 * 1024
     pipeline.add(addon)
