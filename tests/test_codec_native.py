@@ -332,6 +332,28 @@ def test_every_field_kind_decodes_identically(version):
     assert b.Absent.Z == "z"
 
 
+@needs_native
+@pytest.mark.parametrize("inner, ok", [
+    ((36, 8, 0), True),     # 44 elements that take no bytes in a 44-byte frame
+    ((36, 9, 0), False),    # one more
+    ((0, 0, 0), True),
+    ((36, 32, 28), False),  # each count claims every byte left (nested: L**2/8)
+])
+def test_elements_that_take_no_bytes_are_counted_alike(inner, ok):
+    """The C path and the Python decoder count elements that take no bytes against the
+    frame's length alike, and the scanners walk what decodes (test_codec_safety)."""
+    codec = inline({"name": "Z", "type": "data", "validVersions": "0-1",
+                    "flexibleVersions": "none", "fields": [
+                        {"name": "Outer", "type": "[]O", "versions": "0+", "fields": [
+                            {"name": "Inner", "type": "[]E", "versions": "0+", "fields": [
+                                {"name": "V", "type": "int8", "versions": "1+"}]}]}]})
+    counts = (*inner, *[0] * (10 - len(inner)))
+    frame = struct.pack(">11i", 10, *counts)
+    assert agree(codec, frame, 0) is ok
+    if ok:
+        assert [len(o.Inner) for o in codec.decode(frame, 0).Outer] == list(counts)
+
+
 def _nulls(nullable: bool):
     nv = {"nullableVersions": "0+"} if nullable else {}
     return inline({"name": "N", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",

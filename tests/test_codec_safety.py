@@ -4,6 +4,7 @@ KAFKA-14063)."""
 
 from __future__ import annotations
 
+import struct
 import tracemalloc
 
 import pytest
@@ -160,6 +161,46 @@ def test_zero_width_elements_are_bounded_by_bytes_left():
             c.decode(h(wire), 0)
         assert "exceeds" in ei.value.reason and ei.value.path == "A"
     assert c.decode(h("00 00 00 00"), 0).A == []
+
+
+def _nested_zero_width():
+    return inline({"name": "Z", "type": "data", "validVersions": "0-1", "flexibleVersions": "none",
+                   "fields": [{"name": "Outer", "type": "[]O", "versions": "0+", "fields": [
+                       {"name": "Inner", "type": "[]E", "versions": "0+", "fields": [
+                           {"name": "V", "type": "int8", "versions": "1+"}]}]}]})
+
+
+def _outer(*inner: int) -> bytes:
+    """Outer's count, then each element's Inner count (its elements take no bytes)."""
+    return struct.pack(f">{len(inner) + 1}i", len(inner), *inner)
+
+
+def test_elements_that_take_no_bytes_are_counted_for_the_whole_frame():
+    """Each array's count is checked against the bytes left, but elements that take
+    no bytes leave the bytes for the next array to claim again: nested, a frame of L
+    bytes would build some L**2/8 elements. All such elements of one decode together
+    may be at most as many as the bytes decoded."""
+    c = _nested_zero_width()
+    # 44 bytes; the first count may be 36 (the bytes after it), the second 32:
+    # 36 + 8 elements spend every byte
+    v = c.decode(_outer(36, 8, *[0] * 8), 0)
+    assert [len(o.Inner) for o in v.Outer] == [36, 8] + [0] * 8
+    with pytest.raises(DecodeError) as ei:
+        c.decode(_outer(36, 9, *[0] * 8), 0)  # one element more than the 44 bytes
+    assert ei.value.path == "Outer[1].Inner" and ei.value.offset == 8
+    assert "take no bytes" in ei.value.reason and ei.value.expected == "array length"
+    # each inner array claims every byte left: refused early, having built little
+    n = 1000
+    frame = _outer(*[4 * (n - i) for i in range(1, n + 1)])
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecodeError) as ei:
+            c.decode(frame, 0)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert ei.value.path == "Outer[1].Inner"
+    assert peak < 1 << 20
 
 
 def test_frame_level_errors():

@@ -62,7 +62,7 @@ static const int FIXED_SIZE[] = {0, 1, 1, 2, 2, 4, 4, 8, 8, 16, 0, 0};
 
 /* Bumped whenever the module's behaviour or interface changes: kinspect.codec.native
  * refuses a stale build (an editable install keeps the old .so until rebuilt). */
-#define NATIVE_ABI 7
+#define NATIVE_ABI 8
 
 typedef struct Program Program;
 
@@ -101,6 +101,11 @@ typedef struct {
     Py_ssize_t pos;
     Py_ssize_t end;
     int depth;
+    /* elements that take no bytes (structs with nothing on the wire at this version)
+     * still allowed in this walk: one per byte of it, as the Python decoder counts
+     * them, so that nested arrays of them cannot build a number of objects that grows
+     * with the square of the input */
+    Py_ssize_t zero_left;
 } Ctx;
 
 /* ---------------------------------------------------------------- reading */
@@ -307,6 +312,7 @@ rd_array(const Op *op, Ctx *c)
     if (list == NULL)
         return NULL;
     for (Py_ssize_t i = 0; i < (Py_ssize_t)n; i++) {
+        Py_ssize_t at = c->pos;
         PyObject *x = op->sub != NULL ? decode_struct(op->sub, c)
                                       : rd_strbytes(c, t == T_STR, op->compact, 0);
         if (x == NULL || PyList_Append(list, x) < 0) {
@@ -315,6 +321,16 @@ rd_array(const Op *op, Ctx *c)
             return NULL;
         }
         Py_DECREF(x);
+        if (c->pos == at) {
+            /* an element that takes no bytes (then they all do): the whole count is
+             * checked against what the walk still allows once the first element
+             * shows it, before the others are built */
+            if (i == 0 && n > c->zero_left) {
+                Py_DECREF(list);
+                return FAIL;
+            }
+            c->zero_left--;
+        }
     }
     return list;
 }
@@ -573,9 +589,12 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
             if (n > left)
                 goto fail;
             for (int64_t i = 0; i < n; i++) {
+                Py_ssize_t at = c->pos;
                 if (op->sub != NULL ? skip_struct(op->sub, c, NULL)
                                     : skip_strbytes(c, op->type == T_STR, op->compact, 0))
                     goto fail;
+                if (c->pos == at)
+                    break;  /* elements that take no bytes: the rest are the same */
             }
             break;
         }
@@ -660,6 +679,7 @@ walk_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, Program **
     c->pos = pos;
     c->end = end;
     c->depth = 0;
+    c->zero_left = end - pos;
     return 1;
 }
 

@@ -41,6 +41,7 @@ DecodeError.
 from __future__ import annotations
 
 import struct as _struct
+import threading
 from typing import Any
 
 from .codecache import compile_cached
@@ -290,6 +291,10 @@ class _Unit:
         self.ntmp = 0
         self.makers: dict[str, list[str]] = {}
         self.sids: dict[int, int] = {}
+        self.zero: dict[int, bool] = {}
+        #: whether some array's elements take no bytes (:meth:`zero_width`): the
+        #: decoder then counts them against the bytes it was given (_compile)
+        self.zero_budget = False
 
     # -- helpers -----------------------------------------------------------------
     def const(self, value: Any) -> str:
@@ -333,6 +338,20 @@ class _Unit:
 
     def present(self, f: FieldSpec) -> bool:
         return f.versions.contains(self.version)
+
+    def zero_width(self, st: StructSpec) -> bool:
+        """Whether ``st`` takes no bytes on the wire at this version: the version is
+        not flexible (a tag section takes at least one byte) and every field in it is
+        a non-nullable struct (not an array) that takes none either, e.g. a struct
+        whose fields all start at a later version."""
+        got = self.zero.get(id(st))
+        if got is None:
+            got = self.zero[id(st)] = not self.flexible and all(
+                not self.present(f) or (f.struct is not None and not f.is_array
+                                        and not f.nullable_in(self.version)
+                                        and self.zero_width(f.struct))
+                for f in st.fields)
+        return got
 
     # -- decode -------------------------------------------------------------------
     def gen_struct(self, st: StructSpec) -> None:
@@ -639,7 +658,20 @@ class _Unit:
             self.emit(ind, f"elif {n} > end - pos:")
             self.emit(ind + 1, f"raise _DE('array length %d exceeds the %d bytes left' % "
                                f"({n}, end - pos), 'array length')")
+            zero = f.struct is not None and self.zero_width(f.struct)
+            if zero:
+                # each such array could claim every byte left again, and nested
+                # ones would build a number of elements that grows with the square
+                # of the frame's size: all of them together may be at most as many
+                # as the bytes the decode was given
+                self.zero_budget = True
+                self.emit(ind, f"elif {n} > _zw.n:")
+                self.emit(ind + 1, f"raise _DE('array length %d of elements that take no "
+                                   f"bytes: only %d more such elements are allowed (one per "
+                                   f"byte decoded)' % ({n}, _zw.n), 'array length')")
             self.emit(ind, "else:")
+            if zero:
+                self.emit(ind + 1, f"_zw.n -= {n}")
             if f.struct is not None:
                 sub = self.fn("d", f.struct)
                 a = self.tmp("a")
@@ -1218,13 +1250,22 @@ def _compile(msg: MessageSpec, version: int, traced: bool):
     unit.gen_struct(msg.struct)
     for lines in unit.makers.values():
         unit.lines.extend(lines)
+    root = unit.fn("d", msg.struct)
+    if unit.zero_budget:
+        # elements that take no bytes are counted against the bytes given, per decode
+        # (per thread: the functions are shared)
+        unit.ns["_zw"] = threading.local()
+        unit.emit(0, f"def {root}_entry(buf, pos, end{unit.targ()}):")
+        unit.emit(1, "_zw.n = end - pos")
+        unit.emit(1, f"return {root}(buf, pos, end{unit.targ()})")
+        root += "_entry"
     source = "\n".join(unit.lines)
     code = compile_cached(source, f"<kinspect {msg.name} v{version}{' traced' if traced else ''}>")
     exec(code, unit.ns)
     native = None
     if _native is not None and not traced:
         native = _NativeBuilder(unit).program(msg.struct, wire=True)
-    return unit.ns[unit.fn("d", msg.struct)], unit.ns[unit.fn("e", msg.struct)], source, native
+    return unit.ns[root], unit.ns[unit.fn("e", msg.struct)], source, native
 
 
 # ---------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import os
 from types import ModuleType
 
 #: the interface version this Python code expects of the extension (``_native.ABI``)
-ABI = 7
+ABI = 8
 
 log = logging.getLogger("kinspect.codec")
 

@@ -148,8 +148,10 @@ class _ScanGen:
                 self.struct(f.struct, ind + 2)
             else:
                 self.prim(et, ind + 2, compact, False, f)
-            if len(self.lines) == mark:  # elements with no bytes in this version
-                self.emit(ind + 2, "pass")
+            if len(self.lines) == mark:
+                # elements that take no bytes at this version: nothing to walk (a
+                # loop over them would take time for bytes that are not there)
+                self.lines[mark - 1] = "    " * (ind + 1) + "pass"
             return
         if f.struct is not None:
             if nullable:
