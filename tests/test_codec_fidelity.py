@@ -447,6 +447,29 @@ def test_unknown_tags_no_reader_could_read_back_are_encode_errors():
         assert ei.value.path == "SimpleExampleMessage", ei.value
 
 
+@pytest.mark.parametrize("tagged_fields", [True, False])
+def test_unknown_tag_data_is_written_as_the_bytes_it_holds(tagged_fields):
+    """Unknown tag data may be a bytearray or a memoryview of any item format: its
+    size is its byte count, not its len() (a memoryview of int32 items has len 1 per 4
+    bytes); data of another type is an EncodeError, not a TypeError or a corrupt frame.
+    Both with and without tagged fields in the struct (two paths of the encoder)."""
+    from array import array
+
+    if tagged_fields:
+        c, version = _sem(), 1
+    else:
+        c, version = inline({"name": "M", "type": "data", "validVersions": "0",
+                             "flexibleVersions": "0+", "fields": [
+                                 {"name": "A", "type": "int8", "versions": "0+"}]}), 0
+    data = array("i", [0x01020304, -1])
+    m = c.cls(unknown_tags={99: memoryview(data), 98: bytearray(b"ab")})
+    back = c.decode(c.encode(m, version), version)
+    assert back.unknown_tags == {99: data.tobytes(), 98: b"ab"}
+    for bad in ("text", 5, [1, 2]):
+        with pytest.raises(EncodeError, match="must be bytes"):
+            c.encode(c.cls(unknown_tags={99: bad}), version)
+
+
 def test_a_foreign_tag_of_a_field_of_another_version_is_written():
     """``ForeignTag``: the tag-tolerance tools (proxy rules, ``kinspect tolerate``) send
     the tag of a field tagged only at later versions (8 and 9 from v2 here) to see

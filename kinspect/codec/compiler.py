@@ -925,6 +925,7 @@ class _Unit:
         self.ns["_wtags"] = _write_tags
         self.ns["_k0"] = _tag_key
         self.ns["_unk"] = _unknown_items
+        self.ns["_nothing"] = frozenset()
         tagged = sorted((f for f in st.fields if f.tagged_in(v)), key=lambda x: x.tag)
         # tags of fields (tagged at this version or another): not for unknown tags,
         # except a ForeignTag of a field that is not tagged at this version
@@ -938,7 +939,7 @@ class _Unit:
                 self.emit(ind + 1, f"_wtags(out, _unk({u}, {self._c(reserved)}, "
                                    f"{self._c(now)}))")
             else:
-                self.emit(ind + 1, f"_wtags(out, sorted({u}.items()))")
+                self.emit(ind + 1, f"_wtags(out, _unk({u}, _nothing))")
             self.emit(ind, "else:")
             self.emit(ind + 1, "out.append(0)")
             return
@@ -1198,14 +1199,26 @@ def _unknown_items(u: dict[int, bytes], reserved: frozenset[int],
     could not come back as the unknown tag it was. A :class:`ForeignTag` of a field
     not tagged at this version (not in ``now``) is written all the same.
 
+    Data may be ``bytes``, ``bytearray`` or a ``memoryview`` (written as the bytes it
+    views, whatever its item format).
+
     Raises:
-        EncodeError: a tag of ``reserved``.
+        EncodeError: a tag of ``reserved``; data of another type.
     """
-    for tag in u:
+    items = []
+    for tag, data in u.items():
         if tag in reserved and (tag in now or type(tag) is not ForeignTag):
             raise EncodeError(f"unknown tagged field {tag} has the tag of a field of this "
                               f"struct (set the field instead)")
-    return sorted(u.items(), key=_tag_key)
+        if type(data) is not bytes:
+            if isinstance(data, memoryview):
+                data = data.tobytes()  # (len() of a memoryview counts items, not bytes)
+            elif not isinstance(data, (bytes, bytearray)):
+                raise EncodeError(f"unknown tagged field {tag}: data must be bytes, not "
+                                  f"{type(data).__name__}")
+        items.append((tag, data))
+    items.sort(key=_tag_key)
+    return items
 
 
 def _write_tags(out: bytearray, tags: list[tuple[int, bytes]]) -> None:
