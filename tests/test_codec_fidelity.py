@@ -447,6 +447,31 @@ def test_unknown_tags_no_reader_could_read_back_are_encode_errors():
         assert ei.value.path == "SimpleExampleMessage", ei.value
 
 
+def test_a_nan_default_is_a_default():
+    """``"default": "NaN"`` on a float64 field (Kafka reads it with
+    ``Double.parseDouble``): a NaN is at that default, although ``NaN != NaN``. Else a
+    field absent at a version could not be encoded back (non-default value nan), and a
+    tagged field absent from the wire would be written by the encoder."""
+    c = inline({"name": "M", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+                "fields": [{"name": "A", "type": "int8", "versions": "0+"},
+                           {"name": "Old", "type": "float64", "versions": "1+", "default": "NaN"},
+                           {"name": "T", "type": "float64", "versions": "1+",
+                            "taggedVersions": "1+", "tag": 0, "default": "NaN"}]})
+    nan = "7ff8000000000000"
+    for wire, version in [("07", 0), ("07" + nan + "00", 1),
+                          ("07" + nan + "01 00 08" + nan, 1),  # T on the wire, at its default
+                          ("07 3ff0000000000000 01 00 08 4000000000000000", 1)]:
+        v = c.decode(h(wire), version)
+        assert c.encode(v, version) == h(wire)
+    # values at a NaN default are equal (a NaN read from the wire is no more equal to
+    # another than Python's floats are)
+    assert c.decode(h("07"), 0) == c.decode(h("07"), 0) == c.cls(A=7)
+    with pytest.raises(EncodeError, match="non-default value 1.5 for field Old"):
+        c.encode(c.cls(A=1, Old=1.5), 0)
+    assert c.encode(c.cls(A=1, T=float("nan")), 1) == h("01" + nan + "00")
+    assert c.encode(c.cls(A=1, T=0.5), 1) == h("01" + nan + "01 00 08 3fe0000000000000")
+
+
 @pytest.mark.parametrize("tagged_fields", [True, False])
 def test_unknown_tag_data_is_written_as_the_bytes_it_holds(tagged_fields):
     """Unknown tag data may be a bytearray or a memoryview of any item format: its

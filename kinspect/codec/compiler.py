@@ -48,7 +48,7 @@ from .codecache import compile_cached
 from .errors import DecodeError, EncodeError
 from .native import native_module
 from .spec import INT_RANGES, FieldSpec, MessageSpec, StructSpec
-from .values import Struct, struct_class
+from .values import Struct, nan_default, struct_class
 
 #: the C fast path's module (kinspect.codec._native), or None when it is not used
 _native = native_module()
@@ -511,7 +511,10 @@ class _Unit:
             self.emit(3, "if pos != e:")
             self.emit(4, f"raise _DE('tagged field {f.name} (tag {f.tag}) declared %d bytes but "
                          f"its value took %d' % (sz, pos - e + sz), 'tagged field of size')")
-            self.emit(3, f"if o.{f.name} == {self.default_cmp(f)}:")
+            if nan_default(f):
+                self.emit(3, f"if o.{f.name} != o.{f.name}:")  # NaN: at its default
+            else:
+                self.emit(3, f"if o.{f.name} == {self.default_cmp(f)}:")
             self.emit(4, f"_mark(o, {f.tag})")
             if self.traced:
                 self.emit(3, "T.pop()")
@@ -981,6 +984,8 @@ class _Unit:
             parts += [self.nondefault(sf, f"{val}.{sf.name}", depth + 1) for sf in f.struct.fields]
             parts.append(f"{val}._unknown")
             return "(" + " or ".join(parts) + ")"
+        if nan_default(f):  # any NaN is the default: NaN != NaN
+            return f"{val} == {val}"
         return f"{val} != {self.const(f.default)}"
 
     def write_uv(self, ind: int, expr: str) -> None:

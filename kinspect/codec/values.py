@@ -87,8 +87,9 @@ class Struct:
         if type(other) is not type(self):
             return NotImplemented
         for n in self._fields:
-            if getattr(self, n) != getattr(other, n):
-                return False
+            a, b = getattr(self, n), getattr(other, n)
+            if a is not b and a != b:  # (identity first, as lists compare items: the
+                return False           # shared NaN of a NaN default equals itself)
         return (self._unknown or None) == (other._unknown or None)  # type: ignore[attr-defined]
 
     __hash__ = None  # type: ignore[assignment]
@@ -283,7 +284,18 @@ def tag_written(f: FieldSpec, val: Any, present: frozenset | None) -> bool:
         if f.default_text == "null":
             return val is not None
         return val != struct_class(f.struct)()
+    if nan_default(f):
+        return val == val
     return val != f.default
+
+
+def nan_default(f: FieldSpec) -> bool:
+    """Whether ``f`` is a float64 field whose default is NaN (``"default": "NaN"``):
+    a value is then at its default when it is a NaN, any NaN, since ``NaN != NaN``
+    would make every value differ from it (and a field absent on the wire be written
+    back, or refused at a version without it)."""
+    d = f.default
+    return type(d) is float and d != d
 
 
 def _prim_from_plain(t: str, v: Any, where: str) -> Any:
