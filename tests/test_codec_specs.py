@@ -183,6 +183,16 @@ def test_versions_as_json_numbers_read_as_the_same_number_as_a_string(number):
         assert Versions.parse(number) == want
 
 
+@pytest.mark.parametrize("text", ["1_0+", "0 - 2", "0-1_0", "0 +", "+5", "٣", "1e1", ""])
+def test_version_numbers_are_plain_digits(text):
+    """Kafka's generator reads each version number with ``Short.parseShort``, which
+    takes no "_" separators and no spaces inside the range; Python's ``int()`` takes
+    both (and non-ASCII digits): "1_0+" was read as 10+."""
+    with pytest.raises(ValueError, match="invalid version range"):
+        Versions.parse(text)
+    assert Versions.parse(" 3-10 ") == Versions(3, 10)  # the whole text may be padded
+
+
 def test_json_shapes_kafka_accepts():
     """The valid counterparts of the shapes above: versions and a tag as JSON numbers,
     a tag as a string of digits, a null commonStructs."""

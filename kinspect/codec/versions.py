@@ -99,7 +99,11 @@ class Versions(NamedTuple):
 
 
 def _int16(s: str) -> int:
-    return _check_int16(int(s.strip(), 10))
+    # digits only, as Kafka's generator reads them (Short.parseShort): no spaces
+    # around a "-", no "_" separators, which Python's int() would take
+    if not (s.isascii() and s.isdigit()):
+        raise ValueError(f"{s!r} is not a version number")
+    return _check_int16(int(s, 10))
 
 
 def _check_int16(v: int) -> int:
