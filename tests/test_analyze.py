@@ -412,7 +412,7 @@ def test_pairing_takes_a_line_without_ts_ns_first_as_spark_does():
     first, as Spark's ascending order does, instead of failing to compare it."""
     def line(n, d, ts):
         return {"type": "frame", "capture": "c", "line": n, "conn": 1, "dir": d,
-                "correlation_id": 3, "ts_ns": ts, "frame": base64.b64encode(bytes([n])).decode()}
+                "correlation_id": 3, "ts_ns": ts, "frame": bytes([n])}  # as read_frames
 
     pairs = reference.pair_frames([line(1, "req", 50), line(2, "req", None),
                                    line(3, "resp", 60), line(4, "resp", 70)])

@@ -48,7 +48,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..capture import CaptureError, _b64decode, _decode_b64
+from ..capture import CaptureError, _decode_b64
 from ..codec.whatif import VarintSizer
 from ..flows import NO_RESPONSE, UNPAIRED
 from . import schema
@@ -162,6 +162,10 @@ def valid_text(text: str | None) -> str | None:
     return _LONE_SURROGATE.sub("\ufffd", text)
 
 
+#: the keys of a frame line holding frame bytes, as base64 text
+_FRAME_KEYS = ("frame", "frame_sent")
+
+
 def bad_frame_key(rec: dict) -> str | None:
     """``"frame"`` or ``"frame_sent"`` (the first) when that key of a frame line holds
     anything but base64 text, else ``None`` (absent and ``null`` are fine).
@@ -169,7 +173,7 @@ def bad_frame_key(rec: dict) -> str | None:
     Base64 as :func:`kinspect.capture.flows_from_records` reads it: strict
     (``validate=True``), so the string is ``[A-Za-z0-9+/]*`` then at most two ``=``,
     its length a multiple of 4; a number, list or other JSON value is not base64."""
-    for key in ("frame", "frame_sent"):
+    for key in _FRAME_KEYS:
         try:
             _decode_b64(rec, key, "")
         except CaptureError:
@@ -187,8 +191,9 @@ def id_overflow(key: str, value: int, base: int) -> str | None:
 
 
 def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
-    """Frame records with ``capture`` and ``line`` (running number) added, ``client``,
-    ``upstream`` and ``flags`` made valid text (:func:`valid_text`). Captures
+    """Frame records with ``capture`` and ``line`` (running number) added, ``frame``
+    and ``frame_sent`` decoded from base64 (bytes, or ``None`` when absent),
+    ``client``, ``upstream`` and ``flags`` made valid text (:func:`valid_text`). Captures
     appended to each other in one file number their connections and flows from 1
     again: those of each one after the first are moved past the ids used before
     it, as every capture reader does (:func:`kinspect.capture.flows_from_records`),
@@ -219,9 +224,11 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
                     start = rec.get("start_ns")
                     continue
                 if typ == "frame":
-                    key = bad_frame_key(rec)
-                    if key is not None:
-                        raise CaptureError(f"{key} is not base64", part, lineno)
+                    try:  # decoded once, here (pair_frames takes the bytes)
+                        raw = [_decode_b64(rec, k, "") for k in _FRAME_KEYS]
+                    except CaptureError:
+                        raise CaptureError(f"{bad_frame_key(rec)} is not base64",
+                                           part, lineno) from None
                 conn = rec.get("conn")
                 if typ in ("conn", "frame") and type(conn) is int:
                     if conn + conn_base > MAX_ID:
@@ -230,6 +237,7 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
                 if typ != "frame":
                     continue
                 rec = dict(rec)
+                rec.update(zip(_FRAME_KEYS, raw))
                 if type(conn) is int:
                     rec["conn"] = conn + conn_base
                 flow = rec.get("flow")
@@ -248,10 +256,6 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
                 rec["capture"] = name
                 rec["line"] = line
                 yield rec
-
-
-def _b64(text: str | None) -> bytes | None:
-    return None if text is None else _b64decode(text)
 
 
 def _solo(rec: dict) -> bool:
@@ -293,7 +297,7 @@ def pair_frames(frames: Iterable[dict]) -> list[dict]:
         capture, conn, corr, seq = key
         req = keyed[key].get("req")
         resp = keyed[key].get("resp")
-        sent = _b64(resp.get("frame_sent")) if resp is not None else None
+        sent = resp.get("frame_sent") if resp is not None else None
 
         def either(k: str, req: dict | None = req, resp: dict | None = resp) -> Any:
             v = req.get(k) if req is not None else None
@@ -305,8 +309,8 @@ def pair_frames(frames: Iterable[dict]) -> list[dict]:
             "upstream": either("upstream"),
             "api_key": req.get("api_key") if req is not None else None,
             "api_version": req.get("api_version") if req is not None else None,
-            "req_frame": _b64(req.get("frame")) if req is not None else None,
-            "resp_frame": _b64(resp.get("frame")) if resp is not None else None,
+            "req_frame": req.get("frame") if req is not None else None,
+            "resp_frame": resp.get("frame") if resp is not None else None,
             "req_ns": req.get("ts_ns") if req is not None else None,
             "resp_ns": resp.get("ts_ns") if resp is not None else None,
             "req_flags": list(req.get("flags") or ()) if req is not None else [],
