@@ -463,10 +463,10 @@ def test_appended_captures_keep_their_connections_apart(spark, sample, tmp_path)
 
 def test_a_corrupt_line_is_an_error_in_both_engines_and_a_torn_last_line_a_warning(
         spark, sample, tmp_path):
-    """A frame line cut short in the middle of a capture, or one with a non-integer
-    id, is a CaptureError for the reference (kinspect.capture.read_capture), so the
-    Spark job must not drop the frame without a word either; a torn last line is
-    skipped by both, with a warning."""
+    """A frame line cut short in the middle of a capture, one without its frame, or
+    one with a non-integer id, is a CaptureError for the reference
+    (kinspect.capture.read_capture), so the Spark job must not drop the frame without
+    a word either; a torn last line is skipped by both, with a warning."""
     from kinspect.capture import CaptureError
 
     _, caps = sample
@@ -479,7 +479,11 @@ def test_a_corrupt_line_is_an_error_in_both_engines_and_a_torn_last_line_a_warni
         # an integer beyond 64 bits: Spark cannot hold it, the reference refuses it too
         "bigts.jsonl": lines[:i] + [re.sub(rb'"ts_ns":\d+', b'"ts_ns":%d' % 2**70, lines[i],
                                            count=1)] + lines[i + 1:],
+        # a frame line without its frame: kinspect show refuses it too
+        "nullframe.jsonl": lines[:i] + [re.sub(rb'"frame":"[^"]*"', b'"frame":null', lines[i],
+                                               count=1)] + lines[i + 1:],
     }
+    assert json.loads(cases["nullframe.jsonl"][i])["frame"] is None
     assert json.loads(cases["strconn.jsonl"][i])["conn"].isdigit()
     assert json.loads(cases["bigts.jsonl"][i])["ts_ns"] == 2**70
     for name, content in cases.items():

@@ -555,7 +555,8 @@ def _check_lines(raw, lines, order: dict[str, int]) -> tuple[list, list]:
     the last of its file (torn by a crash), and is an error anywhere else; so is a
     frame or conn line whose id is not an integer, and (as
     :func:`kinspect.analysis.reference.read_frames` has it) a frame line whose
-    ``frame`` or ``frame_sent`` is not base64 (:func:`_not_base64`). Without this,
+    ``frame`` or ``frame_sent`` is not base64 (:func:`_not_base64`; a frame line
+    without ``frame``, or with ``null``, too). Without this,
     such a line parsed to null and its frame was left out without a word.
 
     ``order``: capture name -> its place in the captures read.
@@ -572,7 +573,7 @@ def _check_lines(raw, lines, order: dict[str, int]) -> tuple[list, list]:
     not_json = corrupt & typ.isNull()
     bad_int = corrupt & typ.isin("frame", "conn")
     frame = ~corrupt & (typ == "frame")
-    bad_frame = frame & _not_base64("frame")
+    bad_frame = frame & (F.col("r.frame").isNull() | _not_base64("frame"))
     bad_sent = frame & _not_base64("frame_sent")
     marked = (lines.where((typ == "session") | not_json | bad_int | bad_frame | bad_sent)
               .select("capture", "part_idx", "line", "file", "typ", "r.start_ns", "r.part",

@@ -168,7 +168,8 @@ _FRAME_KEYS = ("frame", "frame_sent")
 
 def bad_frame_key(rec: dict) -> str | None:
     """``"frame"`` or ``"frame_sent"`` (the first) when that key of a frame line holds
-    anything but base64 text, else ``None`` (absent and ``null`` are fine).
+    anything but base64 text, else ``None`` (absent and ``null`` are fine here;
+    :func:`read_frames` refuses a frame line without ``frame``).
 
     Base64 as :func:`kinspect.capture.flows_from_records` reads it: strict
     (``validate=True``), so the string is ``[A-Za-z0-9+/]*`` then at most two ``=``,
@@ -229,6 +230,8 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
                     except CaptureError:
                         raise CaptureError(f"{bad_frame_key(rec)} is not base64",
                                            part, lineno) from None
+                    if raw[0] is None:  # (frame_sent may be null: not changed)
+                        raise CaptureError("frame is not base64", part, lineno)
                 conn = rec.get("conn")
                 if typ in ("conn", "frame") and type(conn) is int:
                     if conn + conn_base > MAX_ID:
