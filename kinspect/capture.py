@@ -131,7 +131,7 @@ __all__ = [
     "REDACTION_MARKER", "REDACTED_FIELDS", "DEFAULT_DIR", "CaptureError", "CaptureWarning",
     "CaptureWriter", "Capture", "FrameRef", "redaction_marker", "redact_frame",
     "capture_parts", "part_path", "read_capture", "load_capture", "flows_from_records",
-    "add_capture_options", "capture_addon_from_args", "resolve_capture_path",
+    "make_parent", "add_capture_options", "capture_addon_from_args", "resolve_capture_path",
 ]
 
 #: The redaction marker, repeated and cut to the length of each secret.
@@ -160,16 +160,21 @@ DEFAULT_DIR = Path("captures")
 
 class CaptureError(KinspectError):
     """A capture file that cannot be read (not JSON Lines, a corrupt line that is
-    not the last one, a missing file). ``path`` and ``line`` (1-based) say where."""
+    not the last one, a missing file). ``path`` and ``line`` (1-based) say where;
+    ``record`` (1-based), for records that came from no file
+    (:func:`flows_from_records` given a list), says which one."""
 
     def __init__(self, reason: str, path: str | os.PathLike | None = None,
-                 line: int | None = None):
+                 line: int | None = None, record: int | None = None):
         self.reason = reason
         self.path = None if path is None else str(path)
         self.line = line
+        self.record = record
         where = self.path or "<capture>"
         if line is not None:
             where += f":{line}"
+        elif record is not None:
+            where += f": record {record}"
         super().__init__(f"{where}: {reason}")
 
 
@@ -296,6 +301,21 @@ def part_path(path: str | os.PathLike, part: int) -> Path:
         return p
     stem, suf = _split_suffix(p)
     return p.with_name(f"{stem}.{part}{suf}")
+
+
+def make_parent(path: str | os.PathLike) -> None:
+    """Create the directories ``path`` goes in, as needed.
+
+    Raises:
+        OSError: they cannot be created; ``NotADirectoryError`` naming the parent
+            when it is a file (not ``mkdir``'s "File exists").
+    """
+    parent = Path(path).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:  # (a file, or a link to one, where the directory should be)
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR),
+                                 str(parent)) from None
 
 
 def capture_parts(path: str | os.PathLike) -> list[Path]:
@@ -456,9 +476,10 @@ class CaptureWriter(CaptureHooks):
         error: the write error that ended the capture, or ``None``.
 
     Raises:
-        OSError: the file cannot be created (at construction) or written (once, from
-            the call whose write failed, ``filename`` the part; the part is cut back
-            to its last whole line and later calls write nothing).
+        OSError: the file cannot be created (at construction; ``NotADirectoryError``
+            naming the parent when a file stands where its directory should be) or
+            written (once, from the call whose write failed, ``filename`` the part;
+            the part is cut back to its last whole line and later calls write nothing).
     """
 
     def __init__(self, path: str | os.PathLike, codec: Codec | None = None, *,
@@ -516,7 +537,7 @@ class CaptureWriter(CaptureHooks):
 
     def _open_part(self, part: int) -> None:
         p = part_path(self.path, part)
-        p.parent.mkdir(parents=True, exist_ok=True)
+        make_parent(p)
         raw = open(p, "wb", buffering=0)
         self._raw = raw
         self._drop = DropBehind(raw.fileno())
@@ -886,8 +907,14 @@ def _lines(fh: Any, path: Path, limit: int | None) -> Iterator[bytes | CaptureEr
 def _read_one(path: Path, max_line_bytes: int | None = None
               ) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(line number, record)``; a torn last line is skipped with a warning,
-    blank lines (whitespace only) silently, wherever they are. ``max_line_bytes``:
-    see :func:`read_capture` (applied to compressed files only)."""
+    blank lines (whitespace only) silently, wherever they are, and so is what a
+    gzip stream cut short loses. ``max_line_bytes``: see :func:`read_capture`
+    (applied to compressed files only).
+
+    Raises:
+        CaptureError: see :func:`read_capture`; compressed data that is corrupt
+            (bad deflate data, a CRC or length that does not match) names the file.
+    """
     try:
         fh = _open_read(path)
     except FileNotFoundError:
@@ -907,7 +934,11 @@ def _read_one(path: Path, max_line_bytes: int | None = None
                 if isinstance(raw, CaptureError):
                     raise raw
                 prev = raw
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        except (zlib.error, gzip.BadGzipFile) as e:
+            # not cut short but damaged: what was read may be wrong too
+            raise CaptureError(f"compressed data is corrupt after line "
+                               f"{lineno + (prev is not None)} ({e})", path) from None
+        except EOFError as e:
             # a gzip stream cut short by a crash: everything before was readable
             warnings.warn(f"{path}: compressed data ends early ({e}); "
                           f"the lines after {lineno + (prev is not None)} are lost",
@@ -1016,15 +1047,25 @@ def read_capture(path: str | os.PathLike, *, parts: bool = True,
     Raises:
         CaptureError: missing file, a line other than the last that is not a JSON
             object (or a file whose only line is not one: no capture), a
-            frame/conn line with an id that is not an integer, or a line of a
-            compressed part longer than ``max_line_bytes``.
+            frame/conn line with an id that is not an integer, a line of a
+            compressed part longer than ``max_line_bytes``, or compressed data
+            that is corrupt (not cut short: that is a warning).
     """
+    return _records(path, parts, max_line_bytes, None)
+
+
+def _records(path: str | os.PathLike, parts: bool, max_line_bytes: int | None,
+             where: list | None) -> Iterator[dict[str, Any]]:
+    """:func:`read_capture`'s records; with ``where`` (a list of two), ``where[0]``
+    and ``where[1]`` are the path and line number of the record last yielded."""
     files = capture_parts(path) if parts else [Path(path)]
     limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
     start = None
     for i, p in enumerate(files):
         first = True
-        for _, rec in _read_one(p, limit):
+        if where is not None:
+            where[0] = p
+        for lineno, rec in _read_one(p, limit):
             if first and rec.get("type") == "session":
                 if i == 0:
                     start = rec.get("start_ns")
@@ -1033,6 +1074,8 @@ def read_capture(path: str | os.PathLike, *, parts: bool = True,
             elif first and i > 0:
                 return
             first = False
+            if where is not None:
+                where[1] = lineno
             yield rec
 
 
@@ -1070,14 +1113,21 @@ class Capture:
         return None
 
 
-def _decode_b64(rec: dict[str, Any], key: str, where: str) -> bytes | None:
+def _decode_b64(rec: dict[str, Any], key: str, where: str = "") -> bytes | None:
+    """The bytes of ``rec[key]`` (base64 text), ``None`` when absent or null.
+
+    Raises:
+        CaptureError: anything else (``"KEY of WHERE is not base64"``, or
+            ``"KEY is not base64"`` without ``where``).
+    """
     v = rec.get(key)
     if v is None:
         return None
     try:
         return _b64decode(v, validate=True)
     except (ValueError, TypeError):
-        raise CaptureError(f"{key} of {where} is not base64") from None
+        raise CaptureError(f"{key} of {where} is not base64" if where
+                           else f"{key} is not base64") from None
 
 
 _SASL_HANDSHAKE = 17
@@ -1107,8 +1157,11 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         decode: decode request/response bodies (``decode_flow``).
 
     Raises:
-        CaptureError: a frame line without ``conn``/``dir``/``frame``, with bad base64,
-            or with an id that is not an integer (see the module docstring).
+        CaptureError: a frame line without ``conn``/``dir``/``frame``, whose ``frame``
+            is not base64 text (null included; ``frame_sent`` may be null), or with
+            an id that is not an integer (see the module docstring). It names the
+            record by its number (``record``); :func:`load_capture` names the file
+            and line instead.
     """
     from .proxy.pipeline import decode_flow
 
@@ -1152,7 +1205,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         typ = rec.get("type", "frame")
         why = _bad_value(rec)
         if why is not None:
-            raise CaptureError(f"{typ} record {n}: {why}")
+            raise CaptureError(why, record=n)
         if typ == "session":
             if not cap.session:
                 cap.session = rec
@@ -1171,10 +1224,14 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         if typ != "frame":
             continue
         if "conn" not in rec or "dir" not in rec or "frame" not in rec:
-            raise CaptureError(f"frame record {n} lacks conn, dir or frame")
-        where = f"record {n}"
-        frame = _decode_b64(rec, "frame", where) or b""
-        sent = _decode_b64(rec, "frame_sent", where)
+            raise CaptureError("a frame line lacks conn, dir or frame", record=n)
+        try:
+            frame = _decode_b64(rec, "frame")
+            sent = _decode_b64(rec, "frame_sent")
+        except CaptureError as e:
+            raise CaptureError(e.reason, record=n) from None
+        if frame is None:  # (null: no frame at all, not an empty one)
+            raise CaptureError("frame is not base64", record=n)
         conn = rec["conn"] + conn_base
         direction = rec["dir"]
         ts = rec.get("ts_ns") or 0
@@ -1271,7 +1328,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 sasl_raw[conn] = True
             cap.frames.append(FrameRef(flow, "resp", ts))
         else:
-            raise CaptureError(f"frame record {n} has dir {direction!r} (expected req or resp)")
+            raise CaptureError(f"'dir' is {direction!r} (expected req or resp)", record=n)
 
     for conn, q in inflight.items():
         if cap.conns.get(conn, {}).get("close_ns") is not None:
@@ -1291,6 +1348,12 @@ def load_capture(path: str | os.PathLike, codec: Codec | None = None, *,
     """:func:`read_capture` + :func:`flows_from_records` (rotated parts followed).
 
     Raises:
-        CaptureError: see both functions.
+        CaptureError: see both functions; each names the file (the part) and line.
     """
-    return flows_from_records(read_capture(path), codec, decode=decode)
+    where: list = [path, None]  # (the reader keeps it at the record last read)
+    try:
+        return flows_from_records(_records(path, True, None, where), codec, decode=decode)
+    except CaptureError as e:
+        if e.record is None:
+            raise  # (the reader's own: it names the file and line)
+        raise CaptureError(e.reason, where[0], where[1]) from None

@@ -39,13 +39,12 @@ import os
 import struct
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from pcapng import FileWriter, blocks
 
 from . import __version__
-from .capture import Capture
+from .capture import Capture, make_parent
 from .filters import Filter, TopicIds
 
 __all__ = ["MSS", "ExportStats", "export_pcapng", "write_pcapng"]
@@ -335,7 +334,7 @@ def export_pcapng(capture: Capture, out: str | os.PathLike | BinaryIO, *,
     # other connections); stable, so each connection keeps its own packet order
     events.sort(key=lambda e: e[0])
     if isinstance(out, (str, os.PathLike)):
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        make_parent(out)  # (a file where its directory should be: "Not a directory")
         with open(out, "wb") as fh:
             write_pcapng(fh, events, addrs.synthetic)
     else:

@@ -1186,6 +1186,99 @@ def test_a_frame_line_with_a_value_of_the_wrong_type_is_an_error_naming_its_line
         assert f"{path}:3:" in err and f"{key!r} must be " in err, err
 
 
+def _frame_line_edited(lines: list[bytes], index: int, edit) -> list[bytes]:
+    """``lines`` with ``edit(record)`` applied to the frame line at ``index``."""
+    rec = json.loads(lines[index])
+    assert rec["type"] == "frame"
+    edit(rec)
+    return lines[:index] + [json.dumps(rec).encode() + b"\n"] + lines[index + 1:]
+
+
+_BAD_FRAME_LINES = [
+    (lambda r: r.__setitem__("frame", "!!not base64"), "frame is not base64"),
+    (lambda r: r.__setitem__("frame", None), "frame is not base64"),  # not an empty frame
+    (lambda r: r.pop("dir"), "a frame line lacks conn, dir or frame"),
+    (lambda r: r.__setitem__("dir", "sideways"), "'dir' is 'sideways' (expected req or resp)"),
+]
+
+
+@pytest.mark.parametrize("edit,why", _BAD_FRAME_LINES)
+def test_a_bad_frame_line_is_an_error_naming_its_file_and_line(tmp_path, edit, why, capsys):
+    """A frame line that rebuilding flows rejects (bad base64, a null frame, no
+    ``dir``, a ``dir`` that is neither req nor resp) is a CaptureError naming the
+    file and line, as the reader's own errors do, for show, export and replay: blank
+    lines count as lines, and in a rotated part it is that part's file and line (not
+    ``<capture>: record N``, a count of records across the parts)."""
+    plain = tmp_path / "cap.jsonl"
+    lines = EXAMPLE.read_bytes().splitlines(keepends=True)
+    # two blank lines after the session line: the 6th line of the example is line 8
+    plain.write_bytes(b"".join(_frame_line_edited(lines[:1] + [b"\n", b"  \n"] + lines[1:],
+                                                  7, edit)))
+    rotated = tmp_path / "rot.jsonl"
+    w = write_flows(rotated, metadata_flows(20), max_bytes=2000)
+    part = w.paths[2]
+    part.write_bytes(b"".join(_frame_line_edited(part.read_bytes().splitlines(keepends=True),
+                                                 2, edit)))
+    for path, bad, line in ((plain, plain, 8), (rotated, part, 3)):
+        with pytest.raises(CaptureError) as e:
+            load_capture(path, CODEC)
+        assert (e.value.path, e.value.line, e.value.reason) == (str(bad), line, why)
+        pcap = tmp_path / "x.pcapng"
+        for argv in (["show", str(path)], ["export", str(path), "--pcapng", str(pcap)],
+                     ["replay", str(path), "--upstream", "127.0.0.1:1"]):
+            assert cli.main(argv) == 1
+            err = capsys.readouterr().err
+            assert f"kinspect: error: {bad}:{line}: {why}" in err, err
+            assert "<capture>" not in err and "record" not in err and "Traceback" not in err
+        assert not pcap.exists()  # (no export of a 0-length frame never on the wire)
+    records = [json.loads(x) for x in _frame_line_edited(lines[:3], 2, edit)[::2]]
+    with pytest.raises(CaptureError) as e:  # records of no file: named by their number
+        flows_from_records(records, CODEC)
+    assert str(e.value) == f"<capture>: record 2: {why}"
+
+
+def test_a_null_frame_sent_means_not_changed(tmp_path):
+    """``frame_sent`` is optional (kinspect writes it when it changed the frame): null
+    is read as absent, unlike a null ``frame``."""
+    path = _edited_example(tmp_path, lambda r: r.__setitem__("frame_sent", None))
+    flows = load_capture(path, CODEC).flows
+    assert len(flows) == len(load_capture(EXAMPLE, CODEC).flows)
+    assert all(f.request_sent is None and f.response_sent is None for f in flows)
+
+
+@pytest.mark.parametrize("damage", ["crc", "deflate"])
+def test_a_corrupt_gzip_capture_is_an_error_not_a_cut(tmp_path, damage, capsys):
+    """A gzip capture whose data is damaged (a CRC that does not match, bad deflate
+    data) is an error naming the file, not the warning of a capture cut short (whose
+    lines before the cut are all there: truncated ones keep warning)."""
+    path = tmp_path / "cap.jsonl.gz"
+    write_flows(path, metadata_flows(3))
+    data = bytearray(path.read_bytes())
+    if damage == "crc":
+        data[-6] ^= 0xFF  # the trailer's CRC-32
+    else:
+        data[10] = 0xFF  # the first deflate block: reserved block type 3
+    path.write_bytes(bytes(data))
+    with pytest.raises(CaptureError, match="compressed data is corrupt") as e:
+        list(read_capture(path))
+    assert e.value.path == str(path)
+    assert ("CRC check failed" if damage == "crc" else "invalid block type") in e.value.reason
+    assert cli.main(["show", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert f"kinspect: error: {path}: compressed data is corrupt" in err, err
+    assert "ends early" not in err and "lost" not in err
+
+
+def test_a_file_where_the_capture_directory_should_be_says_not_a_directory(tmp_path):
+    """A capture path under a regular file is refused as "Not a directory", naming
+    that file, not with ``mkdir``'s "File exists"."""
+    blocker = tmp_path / "notes.jsonl"
+    blocker.write_text("x")
+    with pytest.raises(NotADirectoryError) as e:
+        CaptureWriter(blocker / "cap.jsonl", CODEC)
+    assert e.value.filename == str(blocker) and "Not a directory" in str(e.value)
+
+
 def test_a_null_ts_ns_means_not_known(tmp_path, capsys):
     """``"ts_ns": null`` is read as an absent time stamp (other tools' captures need
     only conn, dir and frame): show and export work."""
@@ -1276,7 +1369,8 @@ def test_a_null_id_on_an_unpaired_response_means_not_known(tmp_path, key, capsys
     assert cli.main(["replay", str(path), "--upstream", "127.0.0.1:1", "--timeout", "2",
                      "--as-fast-as-possible"]) in (0, 1)
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "error:" not in err, err
+    # (an error naming the capture would be one reading it; "cannot connect" is not)
+    assert "Traceback" not in err and str(path) not in err, err
 
 
 def test_captures_appended_to_each_other_keep_all_their_flows(tmp_path):

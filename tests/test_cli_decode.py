@@ -222,7 +222,7 @@ def test_jsonl_decode_then_encode_reproduces_the_lines(tmp_path, capsys, gz):
     else:
         src.write_text(text)
     dec = tmp_path / "dec.jsonl"
-    assert main(["decode", "--jsonl", str(src), "-o", str(dec)]) == 0
+    assert main(["decode", "--jsonl", str(src), "-o", str(dec)]) == 1  # (2 lines failed)
     assert "7 frames, 2 errors" in capsys.readouterr().err
     out = [json.loads(x) for x in dec.read_text().splitlines()]
     assert len(out) == len(lines)
@@ -291,7 +291,7 @@ def test_jsonl_bad_lines_do_not_stop_the_run(tmp_path, capsys):
                    + json.dumps({"conn": 1, "dir": "req", "frame": "!!"}) + "\n"
                    + json.dumps({"conn": 1, "dir": "req",
                                  "frame": base64.b64encode(req).decode()}) + "\n")
-    assert main(["decode", "--jsonl", str(src)]) == 0
+    assert main(["decode", "--jsonl", str(src)]) == 1  # every line written, 3 failed
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert "not JSON" in out[0]["error"]["error"] and out[0]["line"] == 1
     assert "dir" in out[1]["error"]["error"]
@@ -307,11 +307,11 @@ def test_deeply_nested_json_is_an_error_not_a_traceback(tmp_path, capsys):
     good = json.dumps({"conn": 1, "dir": "req", "frame": base64.b64encode(req).decode()})
     src = tmp_path / "in.jsonl"
     src.write_text(deep + "\n" + good + "\n")
-    assert main(["decode", "--jsonl", str(src)]) == 0
+    assert main(["decode", "--jsonl", str(src)]) == 1
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert out[0] == {"line": 1, "error": {"error": "not JSON: values nested too deeply"}}
     assert out[1]["decoded"]["api"] == "Metadata"
-    assert main(["encode", "--jsonl", str(src)]) == 0
+    assert main(["encode", "--jsonl", str(src)]) == 1
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert "nested too deeply" in out[0]["error"]["error"] and len(out) == 2
     (tmp_path / "deep.json").write_text(deep)
@@ -330,7 +330,7 @@ def test_jsonl_encode_reports_bad_values_per_line(tmp_path, capsys):
     bad["decoded"]["body"]["Topics"] = "oops"
     dec.write_text(json.dumps(bad) + "\n" + json.dumps(rec) + "\n")
     capsys.readouterr()
-    assert main(["encode", "--jsonl", str(dec)]) == 0
+    assert main(["encode", "--jsonl", str(dec)]) == 1  # (a line failed; both written)
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert "error" in out[0] and "decoded" in out[0]
     assert base64.b64decode(out[1]["frame"]) == req
@@ -389,7 +389,7 @@ def test_jsonl_gzip_line_longer_than_the_limit_is_an_error(tmp_path, capsys, mon
     assert main(["decode", "--jsonl", str(src)]) == 1
     captured = capsys.readouterr()
     assert len(captured.out.splitlines()) == 1 and "error" not in json.loads(captured.out)
-    assert f"{src}:2: a line longer than {1 << 20} characters" in captured.err
+    assert f"{src}:2: a line longer than {1 << 20} bytes" in captured.err
 
 
 @pytest.mark.parametrize("conn", ["c1", None, 1.0])
@@ -403,7 +403,7 @@ def test_jsonl_conn_must_be_an_integer_as_in_captures(tmp_path, capsys, conn):
         {"conn": conn, "dir": "req", "frame": b64(req).decode()},
         {"dir": "req", "frame": b64(req).decode()},
         {"dir": "resp", "frame": b64(resp).decode()}]))
-    assert main(["decode", "--jsonl", str(src)]) == 0
+    assert main(["decode", "--jsonl", str(src)]) == 1  # (the first line failed)
     out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert "'conn' must be an integer" in out[0]["error"]["error"]
     assert [x["decoded"]["api"] for x in out[1:]] == ["Metadata", "Metadata"]
@@ -442,3 +442,121 @@ def test_api_version_without_api_key_is_refused_not_ignored(tmp_path, capsys):
     assert main(["decode", str(f), "--api-version", "12"]) == 1
     captured = capsys.readouterr()
     assert "--api-key" in captured.err and not captured.out
+
+
+# ---------------------------------------------------------------------------
+# batches: input that is not a clean capture
+
+
+def _frame_line(frame: bytes, **extra) -> bytes:
+    rec = {"type": "frame", "conn": 1, "dir": "req", **extra,
+           "frame": base64.b64encode(frame).decode()}
+    return json.dumps(rec, ensure_ascii=False).encode() + b"\n"
+
+
+@pytest.mark.parametrize("verb", ["decode", "encode"])
+def test_jsonl_line_that_is_not_utf8_is_an_error_line_not_a_traceback(tmp_path, capsys, verb):
+    """A line that is not UTF-8 (a binary file given by mistake) becomes an error line
+    naming its line, as a line that is not JSON does; the run goes on, exit 1."""
+    req, _ = _metadata_pair()
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(b"\xd0\xcf\x11\xe0 binary\n" + _frame_line(req))
+    assert main([verb, "--jsonl", str(src)]) == 1
+    captured = capsys.readouterr()
+    out = [json.loads(x) for x in captured.out.splitlines()]
+    assert out[0]["line"] == 1 and out[0]["error"]["error"].startswith("not UTF-8 text")
+    assert len(out) == 2 and "error" not in out[1]
+    assert "1 error" in captured.err and "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_jsonl_torn_last_line_is_skipped_with_a_warning_as_show_does(tmp_path, capsys, gz):
+    """The torn last line of a capture still being written (here cut inside a
+    multi-byte character of its client address) is skipped with a warning naming
+    its file and line, as ``kinspect show`` skips it: no traceback, no error line."""
+    req, _ = _metadata_pair()
+    torn = _frame_line(req, client="caf\u00e9:1")
+    torn = torn[:torn.index("\u00e9".encode()) + 1]  # the first byte of the two of é
+    text = b'{"type":"session"}\n' + _frame_line(req) + torn
+    src = tmp_path / ("in.jsonl.gz" if gz else "in.jsonl")
+    src.write_bytes(gzip.compress(text) if gz else text)
+    assert main(["decode", "--jsonl", str(src)]) == 0
+    captured = capsys.readouterr()
+    assert len(captured.out.splitlines()) == 2 and '"error"' not in captured.out
+    assert f"warning: {src}:3: torn last line skipped ({len(torn)} bytes)" in captured.err
+    assert "1 frame, 0 errors" in captured.err and "Traceback" not in captured.err
+
+
+@pytest.mark.parametrize("frame", [None, 5, [1], {"a": 1}])
+def test_jsonl_frame_that_is_not_a_string_is_an_error_line(tmp_path, capsys, frame):
+    """``"frame"`` null, a number, a list...: that line's error object says it is not
+    base64 (as ``kinspect show`` does), the run goes on and exits 1."""
+    req, _ = _metadata_pair()
+    src = tmp_path / "in.jsonl"
+    src.write_bytes(json.dumps({"conn": 1, "dir": "req", "frame": frame}).encode() + b"\n"
+                    + _frame_line(req))
+    assert main(["decode", "--jsonl", str(src)]) == 1
+    out = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert out[0] == {"conn": 1, "dir": "req", "frame": frame,
+                      "error": {"error": "frame is not base64"}}
+    assert out[1]["decoded"]["api"] == "Metadata"
+
+
+def test_jsonl_exit_status_says_whether_a_line_failed(tmp_path, capsys):
+    """Exit 0 when every line decoded, 1 when one failed (every line still written),
+    so that a script can tell; the status is in --help."""
+    req, _ = _metadata_pair()
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    good.write_bytes(_frame_line(req) * 2)
+    bad.write_bytes(_frame_line(req) + _frame_line(req[:-3]) + _frame_line(req))
+    assert main(["decode", "--jsonl", str(good)]) == 0
+    capsys.readouterr()
+    assert main(["decode", "--jsonl", str(bad)]) == 1
+    captured = capsys.readouterr()
+    out = [json.loads(x) for x in captured.out.splitlines()]
+    assert ["error" in x for x in out] == [False, True, False]
+    assert "2 frames, 1 error" not in captured.err and "3 frames, 1 error" in captured.err
+    for verb in ("decode", "encode"):
+        with pytest.raises(SystemExit):
+            main([verb, "--help"])
+        assert "1 when any line failed" in " ".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("damage", ["crc", "deflate"])
+def test_jsonl_corrupt_gzip_is_an_error_not_a_cut(tmp_path, capsys, damage):
+    """A gzip file whose data is damaged (CRC mismatch, bad deflate data) ends the run
+    with an error naming the file and exit 1, not the warning of a file cut short."""
+    req, _ = _metadata_pair()
+    data = bytearray(gzip.compress(_frame_line(req) * 3))
+    if damage == "crc":
+        data[-6] ^= 0xFF  # the trailer's CRC-32
+    else:
+        data[10] = 0xFF  # the first deflate block: reserved block type 3
+    src = tmp_path / "in.jsonl.gz"
+    src.write_bytes(bytes(data))
+    assert main(["decode", "--jsonl", str(src)]) == 1
+    err = capsys.readouterr().err
+    assert f"kinspect decode: error: {src}: compressed data is corrupt" in err, err
+    assert "ends early" not in err and "Traceback" not in err
+
+
+def test_jsonl_follows_the_rotated_parts_of_a_capture(tmp_path, capsys):
+    """``decode --jsonl cap.jsonl`` reads ``cap.1.jsonl``, ``cap.2.jsonl``... after it,
+    as show and export do (a part of the same capture: same session start_ns), and
+    stops at a stale part of another capture; an error line in a part names it."""
+    req, resp = _metadata_pair()
+    session = {"type": "session", "start_ns": 7, "part": 0}
+    src = tmp_path / "cap.jsonl"
+    src.write_bytes(json.dumps(session).encode() + b"\n" + _frame_line(req))
+    (tmp_path / "cap.1.jsonl").write_bytes(
+        json.dumps({**session, "part": 1}).encode() + b"\n" + b"not json\n"
+        + _frame_line(resp, dir="resp"))
+    (tmp_path / "cap.2.jsonl").write_bytes(  # left by an older capture
+        json.dumps({**session, "start_ns": 1, "part": 2}).encode() + b"\n" + _frame_line(req))
+    assert main(["decode", "--jsonl", str(src)]) == 1  # (the line that is not JSON)
+    captured = capsys.readouterr()
+    out = [json.loads(x) for x in captured.out.splitlines()]
+    assert len(out) == 5 and "2 frames, 1 error" in captured.err
+    assert out[1]["decoded"]["api"] == "Metadata" and out[2]["part"] == 1
+    assert out[3]["file"] == str(tmp_path / "cap.1.jsonl") and out[3]["line"] == 2
+    assert out[4]["decoded"]["type"] == "response"  # paired with part 0's request

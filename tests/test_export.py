@@ -429,3 +429,14 @@ def test_a_port_out_of_range_gets_one_in_range(tmp_path, client):
                   display="kafka && tcp.dstport==9092")
     assert rows[0][0] == "127.0.0.1" and 1 <= int(rows[0][1]) <= 65535 and rows[0][2] == "4"
     assert tcp_analysis(out) == []
+
+
+def test_export_under_a_regular_file_says_not_a_directory(tmp_path, capsys):
+    """An output path whose parent is a regular file: "FILE: Not a directory", not
+    ``mkdir``'s "File exists" (which names a file that rightly exists)."""
+    blocker = tmp_path / "ex.jsonl"
+    blocker.write_text("x")
+    assert cli.main(["export", str(EXAMPLE), "--pcapng", str(blocker / "x.pcapng")]) == 1
+    err = capsys.readouterr().err
+    assert f"kinspect: error: {blocker}: Not a directory" in err, err
+    assert "File exists" not in err and "Traceback" not in err

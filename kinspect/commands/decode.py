@@ -22,11 +22,19 @@ taken as one connection). A response is typed by the request with its correlatio
 id on the same ``conn`` (or by the line's own ``api_key``/``api_version``). Each output line keeps every input key in place and
 puts ``"decoded"`` where ``"frame"`` was; ``kinspect encode --jsonl`` puts the
 re-encoded ``"frame"`` back, so decode then encode reproduces the input lines. A
-frame that fails to decode keeps its ``"frame"`` and gains an ``"error"`` object
-(DecodeError's ``error``, ``offset``, ``expected``, ``path``, ``api``, ``version``);
-the run goes on. Lines without a frame (capture session/conn lines) pass through.
-A ``.jsonl.gz`` cut short (its writer killed) is read up to the cut, then a warning
-says how many lines were read (as ``kinspect show`` does).
+frame that fails to decode (or whose ``"frame"`` is not base64 text) keeps its
+``"frame"`` and gains an ``"error"`` object (DecodeError's ``error``, ``offset``,
+``expected``, ``path``, ``api``, ``version``); the run goes on. A line that is not
+JSON (or not UTF-8) becomes ``{"line": N, "error": {...}}`` (with ``"file"`` when it
+is in a rotated part). Lines without a frame (capture session/conn lines) pass
+through. As ``kinspect show`` does, the rotated parts of a capture (``cap.1.jsonl``
+...) are read after it, a torn last line (a capture still being written) is skipped
+with a warning, and a ``.jsonl.gz`` cut short (its writer killed) is read up to the
+cut, then a warning says how many lines were read; compressed data that is corrupt
+(a CRC mismatch, bad deflate data) is an error.
+
+Exit status of a batch: 0 when every line converted (or passed through), 1 when
+any line failed (every line is still written) or the input could not be read on.
 """
 
 from __future__ import annotations
@@ -36,7 +44,6 @@ import base64
 import binascii
 import collections
 import gzip
-import io
 import json
 import struct
 import sys
@@ -67,7 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.set_defaults(func=run_decode)
 
     e = sub.add_parser("encode", help="encode decoded JSON (or a decoded JSONL batch) back "
-                                      "to frame bytes")
+                                      "to frame bytes",
+                       epilog="exit status with --jsonl: 0 when every line encoded (or passed "
+                              "through), 1 when any line failed (every line is still "
+                              "written) or the input could not be read on")
     add_spec_options(e)
     e.add_argument("file", nargs="?", default="-",
                    help="JSON from 'kinspect decode' (default: stdin)")
@@ -349,35 +359,76 @@ def _response_type(codec: Any, args: argparse.Namespace) -> tuple[int, int]:
     return key, args.api_version
 
 
-def _lines(path: str, verb: str = "decode") -> Iterator[str]:
-    """The lines of ``path`` (``-``: stdin), gzip or not. A gzip stream cut short (a
-    capture whose writer was killed) ends the lines with a warning on stderr, like
-    ``kinspect show``: the lines before the cut are all there is. A line of a gzip
-    file longer than :data:`~kinspect.capture.MAX_LINE_BYTES` characters once
-    decompressed is an :class:`InputError`, as for ``kinspect show``."""
+def _lines(path: str, verb: str = "decode") -> Iterator[tuple[str, int, bytes]]:
+    """``(file, line number, line)`` of ``path`` (``-``: stdin) and of its rotated
+    parts (``cap.1.jsonl``... of the same capture, as :func:`kinspect.capture.read_capture`
+    follows them), gzip or not; lines are bytes, the last one of a file may lack its
+    newline. A gzip stream cut short (a capture whose writer was killed) ends that
+    file's lines with a warning on stderr, like ``kinspect show``: the lines before
+    the cut are all there is.
+
+    Raises:
+        InputError: a line of a gzip file longer than
+            :data:`~kinspect.capture.MAX_LINE_BYTES` bytes once decompressed (as for
+            ``kinspect show``), or compressed data that is corrupt (a CRC mismatch,
+            bad deflate data), naming the file.
+    """
+    from ..capture import capture_parts
+
+    if path == "-":
+        for n, line in enumerate(sys.stdin.buffer, 1):
+            yield path, n, line
+        return
+    start: Any = None
+    for i, part in enumerate(capture_parts(path)):
+        name = path if i == 0 else str(part)
+        first = True
+        for n, line in _file_lines(name, verb):
+            if first and not line.isspace():
+                first = False
+                head = _session_head(line)
+                if i == 0:
+                    start = head.get("start_ns")
+                elif head.get("type") != "session" or (
+                        start is not None and head.get("start_ns") != start):
+                    return  # not a part of this capture (as read_capture decides)
+            yield name, n, line
+
+
+def _session_head(line: bytes) -> dict:
+    """The first line of a file as a JSON object, ``{}`` when it is none."""
+    try:
+        head = json.loads(line)
+    except (ValueError, RecursionError):
+        return {}
+    return head if isinstance(head, dict) else {}
+
+
+def _file_lines(path: str, verb: str) -> Iterator[tuple[int, bytes]]:
+    """``(line number, line)`` of one file, gzip or not (see :func:`_lines`)."""
     from pathlib import Path
 
     from ..capture import MAX_LINE_BYTES, _open_read
 
-    if path == "-":
-        yield from sys.stdin
-        return
     raw = _open_read(Path(path))  # gzip told by its first bytes, as captures are read
     compressed = isinstance(raw, gzip.GzipFile)
-    with io.TextIOWrapper(raw, encoding="utf-8") as stream:
+    with raw:
         n = 0
         try:
             while True:
                 # (a small gzip file can hold a line of gigabytes: read it in bounds)
-                line = stream.readline(MAX_LINE_BYTES + 1) if compressed else stream.readline()
+                line = raw.readline(MAX_LINE_BYTES + 1) if compressed else raw.readline()
                 if not line:
                     break
                 n += 1
                 if len(line) > MAX_LINE_BYTES:
                     raise InputError(f"{path}:{n}: a line longer than {MAX_LINE_BYTES} "
-                                     f"characters once decompressed: not a capture line")
-                yield line
-        except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+                                     f"bytes once decompressed: not a capture line")
+                yield n, line
+        except (zlib.error, gzip.BadGzipFile) as e:  # damaged, not cut short
+            raise InputError(f"{path}: compressed data is corrupt after line {n} "
+                             f"({e})") from None
+        except EOFError as e:
             print(f"kinspect {verb}: warning: {path}: compressed data ends early ({e}); "
                   f"the lines after {n} are lost", file=sys.stderr, flush=True)
 
@@ -388,17 +439,29 @@ def _replace_key(d: dict, old: str, new: str, value: Any) -> dict:
 
 
 _BAD = object()
+_TORN = object()
 
 
-def _json_line(line: str, lineno: int, out: Any) -> Any:
-    """The JSON value of one batch-mode input line, or ``_BAD`` after writing an
-    error line for it."""
+def _json_line(line: bytes, path: str, where: dict, out: Any, verb: str) -> Any:
+    """The JSON value of one batch-mode input line of file ``path``; ``where``: the
+    keys saying where it is in an error line (``{"line": N}``, see
+    :func:`_map_jsonl`). ``_BAD`` after writing an error line for it, or ``_TORN``
+    after a warning for a torn last line (no newline, not the first line of its
+    file: a capture still being written), as ``kinspect show`` skips it."""
     try:
-        return json.loads(line)
-    except (ValueError, RecursionError) as e:  # RecursionError: nested too deeply
-        why = e if isinstance(e, ValueError) else "values nested too deeply"
-        out.write(json.dumps({"line": lineno, "error": {"error": f"not JSON: {why}"}}) + "\n")
-        return _BAD
+        return json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        why = f"not UTF-8 text ({e})"
+    except ValueError as e:
+        why = f"not JSON: {e}"
+    except RecursionError:  # valid JSON, nested too deeply for json.loads
+        why = "not JSON: values nested too deeply"
+    if where["line"] > 1 and not line.endswith(b"\n"):
+        print(f"kinspect {verb}: warning: {path}:{where['line']}: torn last line skipped "
+              f"({len(line)} bytes)", file=sys.stderr, flush=True)
+        return _TORN
+    out.write(json.dumps({**where, "error": {"error": why}}) + "\n")
+    return _BAD
 
 
 _PASS, _DONE, _FAILED = range(3)
@@ -411,15 +474,26 @@ def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
     ``convert(record)`` returns ``(output record, _PASS | _DONE | _FAILED)``: a
     line passed through unchanged (session lines and the like), a frame converted,
     or a frame that failed (its output carries the error). Blank lines are skipped;
-    a line that is not JSON becomes an error line. Counts go to stderr."""
+    a line that is not JSON becomes an error line (``"line"``: its number in its
+    file, and ``"file"`` when that is a rotated part, not ``args.jsonl``); a torn
+    last line is skipped with a warning. Counts go to stderr.
+
+    Returns:
+        The exit status: 1 when a line failed or the input could not be read on,
+        else 0.
+    """
     out = _open_out(args.output)
     n = errors = 0
     failed: InputError | None = None
     try:
-        for lineno, line in enumerate(_lines(args.jsonl, verb), 1):
-            if not line.strip():
+        for path, lineno, line in _lines(args.jsonl, verb):
+            if line.isspace():
                 continue
-            rec = _json_line(line, lineno, out)
+            # (a rotated part's line is named by its file too)
+            where = {"line": lineno} if path == args.jsonl else {"file": path, "line": lineno}
+            rec = _json_line(line, path, where, out, verb)
+            if rec is _TORN:
+                continue
             if rec is _BAD:
                 errors += 1
                 continue
@@ -439,7 +513,7 @@ def _map_jsonl(args: argparse.Namespace, verb: str, convert: Any) -> int:
     if failed is not None:
         print(f"kinspect {verb}: {_error_text(failed)}", file=sys.stderr)
         return 1
-    return 0
+    return 1 if errors else 0
 
 
 def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
@@ -452,6 +526,8 @@ def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
         if not isinstance(rec, dict) or "frame" not in rec:
             return rec, _PASS  # session/conn lines and the like
         try:
+            if type(rec["frame"]) is not str:  # (null, a number...: as kinspect show says)
+                raise InputError("frame is not base64")
             frame = _b64decode(rec["frame"], validate=True)
             decoded = _decode_line(codec, rec, frame, pending)
         except (DecodeError, InputError, ValueError, binascii.Error) as e:
