@@ -60,15 +60,18 @@ def human_bytes(n: float | None) -> str:
 
 
 def flow_line(flow: Flow, topic_ids: TopicIds | None = None) -> str:
-    """One log line per flow (``--no-tui``), with the live view's columns."""
+    """One log line per flow (``--no-tui``), with the live view's columns; ``err=-``
+    when there is no decoded response to take an error code from."""
     r = flow_row(flow, topic_ids, quick=True)
-    answered = flow.response is not None
+    # no response (acks=0, a closed connection, an unpaired response) or a response
+    # not decoded (--no-decode, decoding skipped or failed): no error code to show,
+    # not 0 (which says the broker answered without an error)
+    known = flow.response is not None and (flow.response_decoded is not None
+                                           or flow.error_code is not None)
     line = (f"{r['time']} #{r['id']} conn={r['conn']} client={r['client_id'] or '-'} {r['api']} "
             f"corr={r['corr'] or '-'} req={_unit(r['req_bytes'], 'B')} "
             f"resp={_unit(r['resp_bytes'], 'B')} latency={_unit(r['latency'], 'ms')} "
-            # no response (acks=0, a closed connection, an unpaired response): no error
-            # code to show, not 0 (which says the broker answered without an error)
-            f"err={(r['error'] or 0) if answered else '-'}")
+            f"err={(r['error'] or 0) if known else '-'}")
     if r["records"]:
         line += f" records={r['records']}"
     if r["flags"]:

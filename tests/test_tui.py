@@ -317,6 +317,29 @@ def test_line_printer_shows_no_error_code_for_a_flow_without_response():
     assert fields["err"] == "0" and fields["resp"].endswith("B") and fields["resp"] != "-B"
 
 
+def test_line_printer_shows_no_error_code_for_a_response_not_decoded():
+    """``--no-decode`` (or decoding skipped): the response's error code is unknown,
+    so the line says ``err=-``, not ``err=0``; once decoded, the broker's code."""
+    from proxyutil import codec, request_bytes
+    from test_tracker import response_bytes
+
+    from kinspect.proxy.pipeline import decode_flow
+    from kinspect.proxy.tracker import FlowTracker
+
+    t = FlowTracker(codec(), 1, "127.0.0.1:1", "127.0.0.1:2", lambda: 1)
+    t.request(request_bytes(18, 3, 7, ClientSoftwareName="x", ClientSoftwareVersion="1"), 0)
+    flow = t.response(response_bytes(18, 3, 7, ErrorCode=35), 1)
+
+    def err() -> str:
+        out = io.StringIO()
+        LinePrinter(out).on_flow(flow)
+        return dict(w.split("=", 1) for w in out.getvalue().split() if "=" in w)["err"]
+
+    assert err() == "-"
+    decode_flow(codec(), flow)
+    assert err() == "35"
+
+
 def _unstarted_proxy():
     """A real proxy object, not listening (the view reads its config and stats)."""
     from proxyutil import codec
