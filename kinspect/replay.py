@@ -63,7 +63,7 @@ log = logging.getLogger("kinspect.replay")
 __all__ = [
     "DEFAULT_IGNORE", "IGNORE_GROUPS", "MAPPED_FIELDS", "IgnoreRules", "Diff", "diff_structs",
     "IdMapper", "FlowResult", "ReplayReport", "Replayer", "load_flows", "error_name",
-    "expects_response", "run_with_uvloop", "SINGLE_BROKER_NOTE",
+    "expects_response", "run_with_uvloop", "SINGLE_BROKER_NOTE", "UpstreamError",
 ]
 
 #: Field-name patterns ignored when comparing (see :class:`IgnoreRules` for the syntax).
@@ -765,6 +765,10 @@ class ReplayReport:
 _SIZE = struct.Struct(">i")
 
 
+class UpstreamError(KinspectError):
+    """The broker could not be reached at all: the first connection of a replay failed."""
+
+
 class _Conn:
     def __init__(self, conn_id: int):
         self.id = conn_id
@@ -849,9 +853,14 @@ class Replayer:
             credentials, token HMACs, SaslAuthenticate bytes), sending the redaction
             marker in their place. By default they are skipped with a reason: the
             marker would otherwise become, e.g., a real config value on the broker.
+        check_upstream: open the first connection before anything else, and raise
+            :class:`UpstreamError` (``cannot connect to HOST:PORT: ...``) from
+            :meth:`run` if it cannot be made: a broker that cannot be reached is one
+            error, not every flow failing. Without it, as after it, connection errors
+            become failed flows.
 
     ``await replayer.run()`` returns a :class:`ReplayReport`; it never raises for
-    broker behaviour (connection errors become failed flows).
+    broker behaviour (but see ``check_upstream``).
     """
 
     def __init__(self, codec: Codec, flows: list[Flow], upstream: tuple[str, int], *,
@@ -859,7 +868,8 @@ class Replayer:
                  select: Callable[[Flow], bool] | None = None, timeout: float = 30.0,
                  connect_timeout: float = 10.0,
                  progress: Callable[[FlowResult], None] | None = None,
-                 send_redacted: bool = False, max_gap: float | None = None):
+                 send_redacted: bool = False, max_gap: float | None = None,
+                 check_upstream: bool = False):
         if speed is not None and speed <= 0:
             raise ValueError("speed must be positive")
         if max_gap is not None and not max_gap >= 0:
@@ -872,6 +882,7 @@ class Replayer:
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.progress = progress
+        self.check_upstream = check_upstream
         self.mapper = IdMapper()
         self.results: dict[int, FlowResult] = {}
         self.notes: list[str] = [SINGLE_BROKER_NOTE]
@@ -965,7 +976,15 @@ class Replayer:
         self._done = {f.id: asyncio.Event() for f in self.selected}
         self._at = self.schedule()
         self._wall0 = loop.time()
-        await asyncio.gather(*(self._run_conn(cid, lst) for cid, lst in self._conns.items()))
+        opened: dict[int, _Conn] = {}
+        if self.check_upstream and self.selected:
+            # (the first request goes out at once anyway: its connection is opened first)
+            first = opened[self.selected[0].conn] = _Conn(self.selected[0].conn)
+            await self._connect(first)
+            if first.dead is not None:
+                raise UpstreamError(first.dead)
+        await asyncio.gather(*(self._run_conn(cid, lst, opened.get(cid))
+                               for cid, lst in self._conns.items()))
         for r in self._order:
             if r.status == SKIPPED and not r.explanation:
                 r.explanation = "not replayed"
@@ -979,8 +998,11 @@ class Replayer:
         for g in cur.before(flow):
             await self._done[g.id].wait()
 
-    async def _run_conn(self, conn_id: int, flows: list[Flow]) -> None:
-        conn = _Conn(conn_id)
+    async def _run_conn(self, conn_id: int, flows: list[Flow], conn: _Conn | None = None
+                        ) -> None:
+        """Replay one recorded connection's ``flows`` (on ``conn`` when it is already
+        open, else on a connection opened before its first request)."""
+        conn = conn or _Conn(conn_id)
         cur = _DepCursor(self._by_resp, self._seq)
         waiters: list[asyncio.Task] = []
         loop = asyncio.get_running_loop()

@@ -300,6 +300,33 @@ def test_show_command_errors(capsys, tmp_path):
     assert "no such file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("select", [["--filter", "~api Fetch"], ["--errors"]])
+def test_show_flow_refuses_a_filter_it_would_ignore(capsys, select):
+    """``--flow N`` prints flow N whatever it is: with ``--filter`` or ``--errors`` it is
+    a usage error naming both options, not flow N printed as if it matched."""
+    with pytest.raises(SystemExit) as e:
+        cli.main(["show", str(EXAMPLE), "--flow", "11", *select])
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert f"argument --flow: not allowed with argument {select[0]}" in captured.err
+
+
+def test_show_and_replay_point_a_bare_name_to_captures(capsys, tmp_path, monkeypatch):
+    """``--capture NAME`` writes ``captures/NAME``; ``show NAME`` (or ``replay NAME``)
+    run where that directory is says so, not only "no such file"."""
+    (tmp_path / "captures").mkdir()
+    (tmp_path / "captures" / "run.jsonl").write_bytes(EXAMPLE.read_bytes())
+    monkeypatch.chdir(tmp_path)
+    for argv in (["show", "run.jsonl"], ["replay", "run.jsonl", "--upstream", "127.0.0.1:1"]):
+        assert cli.main(argv) == 1
+        err = capsys.readouterr().err
+        assert "run.jsonl: no such file (did you mean captures/run.jsonl?)" in err, err
+    assert cli.main(["show", "other.jsonl"]) == 1  # nothing under captures/ either
+    err = capsys.readouterr().err
+    assert "no such file" in err and "did you mean" not in err, err
+
+
 @pytest.mark.parametrize("errors", [[], ["--errors"]])
 def test_show_filter_is_parsed_on_its_own(capsys, errors):
     """The --filter text is the whole expression: it cannot close a parenthesis the

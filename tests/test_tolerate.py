@@ -287,3 +287,15 @@ def test_classify_counts_only_an_error_code_the_baseline_did_not_carry(codec):
     assert classify(codec, 3, 12, "ok", frame({"Topics": [{"Name": "t", "ErrorCode": 3},
                                                          {"Name": "u", "ErrorCode": 87}]}),
                     None, base, set())[:2] == ("error", 87)
+
+
+def test_an_unwritable_json_path_is_an_error_before_anything_is_sent(capsys, tmp_path):
+    """``--json`` into a missing directory (or onto a directory) fails at once, naming
+    the path, not after the whole matrix has been sent and its report lost."""
+    for out in (tmp_path / "missing" / "m.json", tmp_path):
+        code = main(["tolerate", "--bootstrap", f"127.0.0.1:{free_port()}", "--json",
+                     str(out), "--timeout", "1"])
+        assert code == 1
+        err = capsys.readouterr().err
+        assert str(out) in err and "cannot connect" not in err, err
+

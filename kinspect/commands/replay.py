@@ -17,7 +17,8 @@ Examples::
     kinspect replay captures/run.jsonl --upstream 127.0.0.1:9092 --speed 2 \\
         --filter '!~api Heartbeat' --ignore offsets --report replay.json
 
-Exit status: 0 when every replayed flow matched, 1 when some differ or failed.
+Exit status: 0 when every replayed flow matched, 1 when some differ or failed, or
+when the broker cannot be reached at all (one error, nothing replayed).
 """
 
 from __future__ import annotations
@@ -88,6 +89,7 @@ def run(args: argparse.Namespace) -> int:
 
     from ..filters import TopicIds, parse
     from ..replay import DEFAULT_IGNORE, Replayer, load_flows, run_with_uvloop
+    from .show import check_capture_found
 
     upstream = args.upstream
     if not args.as_fast_as_possible and args.speed <= 0:
@@ -97,6 +99,7 @@ def run(args: argparse.Namespace) -> int:
     flt = parse(args.filter, api_names(codec)) if args.filter else None
     if args.report:
         _check_writable(args.report)  # before the replay, not after it has run
+    check_capture_found(args.capture)
     flows = load_flows(args.capture, codec)
     select = None
     if flt is not None:
@@ -125,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
 
         replayer = Replayer(codec, flows, upstream, speed=speed, ignore=ignore, select=select,
                             timeout=args.timeout, progress=on_result,
-                            send_redacted=args.send_redacted, max_gap=args.max_gap)
+                            send_redacted=args.send_redacted, max_gap=args.max_gap,
+                            check_upstream=True)
         if speed is not None:
             plan = replayer.schedule()
             span = max(plan.values(), default=0.0)

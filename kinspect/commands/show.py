@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="show at most N characters of keys, values and bytes fields "
                         "(0: everything)")
     add_spec_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, usage_error=p.error)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -47,6 +47,12 @@ def run(args: argparse.Namespace) -> int:
     from ..filters import TopicIds, parse
     from ..show import flow_json, flow_summary, flow_table, flow_tree, printable
 
+    if args.flow and (args.filter or args.errors):
+        # --flow N prints flow N whatever it is: the filter would be ignored silently.
+        # (argparse's usage error: the usage and this on stderr, exit status 2)
+        args.usage_error(f"argument --flow: not allowed with argument "
+                         f"{'--filter' if args.filter else '--errors'} (--flow N prints "
+                         f"flow N whatever it is; filters choose the rows of the table)")
     # parsed before reading the file, each on its own: pasted into one expression, the
     # user's filter could close the parenthesis around it ("~api A) | (~api B" parsed)
     # and its errors would name positions in a text the user did not write
@@ -54,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
     filters = [parse(args.filter, api_names(codec))] if args.filter else []
     if args.errors:
         filters.append(parse("~err"))
+    check_capture_found(args.capture)
     cap = load_capture(args.capture, codec)
     ids = TopicIds().learn_all(cap.flows)
     limit = args.bytes_limit or None
@@ -94,3 +101,17 @@ def run(args: argparse.Namespace) -> int:
                       + (f" · upstream {sess.get('upstream')}" if sess.get("upstream") else ""))
     console.print(flow_table(flows, ids, title=title))
     return 0
+
+
+def check_capture_found(path: str) -> None:
+    """Raise :class:`FileNotFoundError` saying "did you mean captures/NAME?" when the
+    capture ``path`` (a bare name) does not exist but ``captures/NAME`` does: where
+    ``--capture NAME`` wrote it. Otherwise nothing (the reader reports what is wrong)."""
+    import errno
+    import os
+
+    from ..capture import resolve_capture_path
+
+    there = resolve_capture_path(path)
+    if not os.path.exists(path) and str(there) != path and there.exists():
+        raise FileNotFoundError(errno.ENOENT, f"no such file (did you mean {there}?)", path)

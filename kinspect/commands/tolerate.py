@@ -101,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
     if unknown:  # (a typo would otherwise test nothing, and say so only in passing)
         raise KinspectError(f"--apis: no spec defines {', '.join(unknown)} "
                             f"(api names as 'kinspect specs' lists them, e.g. Metadata)")
+    if args.json and not to_stdout:
+        from .replay import _check_writable
+
+        _check_writable(args.json)  # before the matrix is sent, not after it has run
     count = 0
     with console.status("tolerance matrix: starting") as status:
         def progress(cell) -> None:
