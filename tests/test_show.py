@@ -356,6 +356,36 @@ def test_bytes_limit_truncates_long_values(cap):
     assert "x" * 500 in full.replace("\n", "").replace(" ", "").replace("│", "")
 
 
+def test_show_command_cuts_long_values_in_trees_but_not_in_json(cap, capsys, tmp_path):
+    """``--bytes-limit`` defaults to 64 characters where people read (trees) and to
+    everything where programs do (``--format json``); given, it applies to both."""
+    import base64
+
+    from kafka.record.memory_records import MemoryRecordsBuilder
+
+    f = produce_flows(cap)[0]
+    b = MemoryRecordsBuilder(magic=2, compression_type=0, batch_size=10_000)
+    b.append(0, None, b"x" * 500, [])
+    b.close()
+    long = base64.b64encode(_with_records(f, b.buffer()).request).decode()
+    lines = []
+    for line in EXAMPLE.read_text().splitlines():
+        rec = json.loads(line)
+        if rec.get("flow") == f.id and rec.get("dir") == "req":
+            rec["frame"] = long
+        lines.append(json.dumps(rec))
+    path = tmp_path / "long.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+
+    def value(*opts: str) -> str:
+        assert cli.main(["show", str(path), "--flow", str(f.id), *opts]) == 0
+        return capsys.readouterr().out
+
+    assert "x" * 500 in json.dumps(json.loads(value("--format", "json")))
+    assert "x" * 500 not in value() and "… (500 B)" in value()
+    assert "x" * 500 not in value("--format", "json", "--bytes-limit", "16")
+
+
 def test_unpaired_and_token_flows_render(cap):
     f = Flow(1, 1, "c:1", "u:2", -1, -1, 7, "Unpaired", b"", 0)
     f.response = struct.pack(">i", 7) + b"\x00\x01"

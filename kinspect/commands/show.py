@@ -33,9 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="print flow N fully decoded (repeatable)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table/tree (default) or JSON")
-    p.add_argument("--bytes-limit", type=nonnegative_int, default=64, metavar="N",
+    p.add_argument("--bytes-limit", type=nonnegative_int, default=None, metavar="N",
                    help="show at most N characters of keys, values and bytes fields "
-                        "(0: everything)")
+                        "(0: everything; default: 64 in tables and trees, everything "
+                        "with --format json, which is for programs)")
     add_spec_options(p)
     p.set_defaults(func=run, usage_error=p.error)
 
@@ -63,7 +64,10 @@ def run(args: argparse.Namespace) -> int:
     check_capture_found(args.capture)
     cap = load_capture(args.capture, codec)
     ids = TopicIds().learn_all(cap.flows)
-    limit = args.bytes_limit or None
+    if args.bytes_limit is None:  # (JSON is read by programs: nothing cut by default)
+        limit = None if args.format == "json" else 64
+    else:
+        limit = args.bytes_limit or None
     # a pipe or file gets full-width lines; a terminal at least 150 columns (a narrower
     # table squeezes the api and records columns to nothing)
     if sys.stdout.isatty():
