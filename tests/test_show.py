@@ -312,13 +312,16 @@ def test_show_flow_refuses_a_filter_it_would_ignore(capsys, select):
     assert f"argument --flow: not allowed with argument {select[0]}" in captured.err
 
 
-def test_show_and_replay_point_a_bare_name_to_captures(capsys, tmp_path, monkeypatch):
-    """``--capture NAME`` writes ``captures/NAME``; ``show NAME`` (or ``replay NAME``)
-    run where that directory is says so, not only "no such file"."""
+def test_commands_reading_a_capture_point_a_bare_name_to_captures(capsys, tmp_path,
+                                                                  monkeypatch):
+    """``--capture NAME`` writes ``captures/NAME``; ``show NAME`` (or replay, serve,
+    export) run where that directory is says so, not only "no such file"."""
     (tmp_path / "captures").mkdir()
     (tmp_path / "captures" / "run.jsonl").write_bytes(EXAMPLE.read_bytes())
     monkeypatch.chdir(tmp_path)
-    for argv in (["show", "run.jsonl"], ["replay", "run.jsonl", "--upstream", "127.0.0.1:1"]):
+    for argv in (["show", "run.jsonl"], ["replay", "run.jsonl", "--upstream", "127.0.0.1:1"],
+                 ["serve", "run.jsonl", "--listen", "127.0.0.1:0"],
+                 ["export", "run.jsonl", "--pcapng", "run.pcapng"]):
         assert cli.main(argv) == 1
         err = capsys.readouterr().err
         assert "run.jsonl: no such file (did you mean captures/run.jsonl?)" in err, err

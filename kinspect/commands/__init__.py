@@ -92,6 +92,20 @@ def positive_size(text: str) -> int:
     return value
 
 
+def check_capture_found(path: str) -> None:
+    """Raise :class:`FileNotFoundError` saying "did you mean captures/NAME?" when the
+    capture ``path`` (a bare name) does not exist but ``captures/NAME`` does: where
+    ``--capture NAME`` wrote it. Otherwise nothing (the reader reports what is wrong)."""
+    import errno
+    import os
+
+    from ..capture import resolve_capture_path
+
+    there = resolve_capture_path(path)
+    if not os.path.exists(path) and str(there) != path and there.exists():
+        raise FileNotFoundError(errno.ENOENT, f"no such file (did you mean {there}?)", path)
+
+
 def capture_path(text: str) -> str:
     """argparse type for a CAPTURE argument: a file name; ``-`` (stdin) is refused
     with the reason (a capture is read more than once, rotated parts are found next

@@ -31,6 +31,7 @@ from . import (
     add_spec_options,
     api_names,
     capture_path,
+    check_capture_found,
     hostport,
     make_codec,
     nonnegative_float,
@@ -89,7 +90,6 @@ def run(args: argparse.Namespace) -> int:
 
     from ..filters import TopicIds, parse
     from ..replay import DEFAULT_IGNORE, Replayer, load_flows, run_with_uvloop
-    from .show import check_capture_found
 
     upstream = args.upstream
     if not args.as_fast_as_possible and args.speed <= 0:

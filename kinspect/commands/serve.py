@@ -21,7 +21,14 @@ import argparse
 import asyncio
 import signal
 
-from . import add_spec_options, capture_path, hostport, make_codec, plain_help
+from . import (
+    add_spec_options,
+    capture_path,
+    check_capture_found,
+    hostport,
+    make_codec,
+    plain_help,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -47,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
     from ..serve import CaptureBroker
 
     listen = args.listen
+    check_capture_found(args.capture)
     codec = make_codec(args)
     flows = load_flows(args.capture, codec)
     console = Console(stderr=True)

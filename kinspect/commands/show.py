@@ -15,7 +15,15 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, api_names, capture_path, make_codec, nonnegative_int, plain_help
+from . import (
+    add_spec_options,
+    api_names,
+    capture_path,
+    check_capture_found,
+    make_codec,
+    nonnegative_int,
+    plain_help,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -106,16 +114,3 @@ def run(args: argparse.Namespace) -> int:
     console.print(flow_table(flows, ids, title=title))
     return 0
 
-
-def check_capture_found(path: str) -> None:
-    """Raise :class:`FileNotFoundError` saying "did you mean captures/NAME?" when the
-    capture ``path`` (a bare name) does not exist but ``captures/NAME`` does: where
-    ``--capture NAME`` wrote it. Otherwise nothing (the reader reports what is wrong)."""
-    import errno
-    import os
-
-    from ..capture import resolve_capture_path
-
-    there = resolve_capture_path(path)
-    if not os.path.exists(path) and str(there) != path and there.exists():
-        raise FileNotFoundError(errno.ENOENT, f"no such file (did you mean {there}?)", path)
