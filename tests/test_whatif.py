@@ -113,6 +113,28 @@ def test_scan_finds_what_the_walker_writes(data):
         assert count >= 1 and nbytes >= 1
 
 
+def test_unknown_tag_data_is_sized_and_checked_as_the_codec_does():
+    """Unknown tag data held in a memoryview of int32 items is 8 bytes, not 2 items, to
+    the scan and the walker as to the codec; data that is not bytes-like is the
+    codec's EncodeError, not five NUL bytes for an int 5."""
+    from array import array
+
+    from codec_util import inline
+
+    c = inline({"name": "M", "type": "data", "validVersions": "0", "flexibleVersions": "0+",
+                "fields": [{"name": "A", "type": "int8", "versions": "0+"}]})
+    m = c.cls(A=1, unknown_tags={99: memoryview(array("i", [1, 2]))})
+    walked, scanned = TagStats(), TagStats()
+    assert encode_message(c.spec, m, 0, stats=walked) == c.encode(m, 0)
+    scan_message(c.spec, m, 0, stats=scanned)
+    assert scanned.tags == walked.tags and walked.tags[("M", 99)][2] == 8
+    assert scanned.sections == walked.sections
+    with pytest.raises(EncodeError, match="must be bytes"):
+        encode_message(c.spec, c.cls(A=1, unknown_tags={99: 5}), 0)
+    with pytest.raises(EncodeError, match="must be bytes"):
+        scan_message(c.spec, c.cls(A=1, unknown_tags={99: 5}), 0, stats=TagStats())
+
+
 @_SETTINGS
 @given(st.data())
 def test_varint_copies_roundtrip_and_match_the_walker(data):

@@ -1215,15 +1215,25 @@ def _unknown_items(u: dict[int, bytes], reserved: frozenset[int],
         if tag in reserved and (tag in now or type(tag) is not ForeignTag):
             raise EncodeError(f"unknown tagged field {tag} has the tag of a field of this "
                               f"struct (set the field instead)")
-        if type(data) is not bytes:
-            if isinstance(data, memoryview):
-                data = data.tobytes()  # (len() of a memoryview counts items, not bytes)
-            elif not isinstance(data, (bytes, bytearray)):
-                raise EncodeError(f"unknown tagged field {tag}: data must be bytes, not "
-                                  f"{type(data).__name__}")
-        items.append((tag, data))
+        items.append((tag, data if type(data) is bytes else tag_data(tag, data)))
     items.sort(key=_tag_key)
     return items
+
+
+def tag_data(tag: int, data: Any) -> bytes | bytearray:
+    """The bytes to write for unknown tagged field ``tag`` holding ``data``: ``bytes``
+    or ``bytearray`` as they are, a ``memoryview`` as the bytes it views (its len()
+    counts items, not bytes).
+
+    Raises:
+        EncodeError: data of another type.
+    """
+    if isinstance(data, memoryview):
+        return data.tobytes()
+    if isinstance(data, (bytes, bytearray)):
+        return data
+    raise EncodeError(f"unknown tagged field {tag}: data must be bytes, not "
+                      f"{type(data).__name__}")
 
 
 def _write_tags(out: bytearray, tags: list[tuple[int, bytes]]) -> None:

@@ -58,7 +58,7 @@ import struct as _struct
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .compiler import FIXED, write_uvarint
+from .compiler import FIXED, tag_data, write_uvarint
 from .errors import EncodeError
 from .spec import FieldSpec, MessageSpec, StructSpec
 from .values import Struct, struct_class, tag_written
@@ -244,7 +244,7 @@ def _scan(spec: MessageSpec, st: StructSpec, o: Struct, version: int, flexible: 
                 entries.append((f.tag, f.name, len(data)))
         unknown = o._unknown
         if unknown:
-            entries.extend((t, None, len(b)) for t, b in unknown.items())
+            entries.extend((t, None, len(tag_data(t, b))) for t, b in unknown.items())
             entries.sort(key=lambda e: e[0])
         stats.add(path, entries)
     for name, sub, is_array in plan.children:
@@ -413,7 +413,7 @@ class _Walker:
                 self.field(f, val, body, False, path)
         unknown = o._unknown
         if unknown:
-            tagged.extend((t, None, bytes(b)) for t, b in unknown.items())
+            tagged.extend((t, None, bytes(tag_data(t, b))) for t, b in unknown.items())
             tagged.sort(key=lambda e: e[0])
         last = -1
         for tag, _, _ in tagged:
