@@ -163,10 +163,9 @@ def _start_watchdog(broker: subprocess.Popen, grace: float, workdir: Path
 def _terminate(proc: subprocess.Popen, grace: float,
                watchdog: subprocess.Popen | None = None) -> None:
     """SIGTERM the process group of ``proc``, wait up to ``grace`` s, then SIGKILL what
-    is left; first the ``watchdog`` (:func:`_start_watchdog`), which has nothing to do."""
-    if watchdog is not None:
-        watchdog.kill()
-        watchdog.wait()
+    is left; then end the ``watchdog`` (:func:`_start_watchdog`), which ends by itself
+    once the broker has, and until then still stops it if this process is killed
+    meanwhile (a broker slow to stop, then a kill -9)."""
     _signal_group(proc.pid, signal.SIGTERM)
     try:
         proc.wait(timeout=grace)
@@ -177,6 +176,9 @@ def _terminate(proc: subprocess.Popen, grace: float,
         proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:
         pass
+    if watchdog is not None:
+        watchdog.kill()
+        watchdog.wait()
 
 
 class Broker:
