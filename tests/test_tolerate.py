@@ -299,3 +299,21 @@ def test_an_unwritable_json_path_is_an_error_before_anything_is_sent(capsys, tmp
         err = capsys.readouterr().err
         assert str(out) in err and "cannot connect" not in err, err
 
+
+def test_an_existing_writable_report_file_needs_no_writable_directory(tmp_path, monkeypatch):
+    """A report file that exists is written in place: only its own permission counts
+    (``--json /dev/null`` as a user who cannot write /dev). Permissions as a non-root
+    user sees them (the suite may run as root, to whom everything is writable)."""
+    import os
+
+    from kinspect.commands.replay import _check_writable
+
+    d = tmp_path / "ro"
+    d.mkdir()
+    (d / "report.json").write_text("{}")
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(d) else real(p, mode))
+    _check_writable(str(d / "report.json"))  # the file is writable: fine
+    with pytest.raises(PermissionError, match="cannot write the report"):
+        _check_writable(str(d / "new.json"))  # a new file in a directory it cannot write
+

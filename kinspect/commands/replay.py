@@ -200,7 +200,8 @@ def _nz(n: int, color: str) -> str:
 
 def _check_writable(path: str) -> None:
     """Raise :class:`OSError` now if ``path`` cannot be written later: a directory,
-    or in a directory that does not exist (the file itself is written at the end)."""
+    in a directory that does not exist, an existing file that is not writable, or a
+    new file in a directory that is not (the file itself is written at the end)."""
     import errno
     import os
 
@@ -209,5 +210,6 @@ def _check_writable(path: str) -> None:
     parent = os.path.dirname(path) or "."
     if not os.path.isdir(parent):
         raise FileNotFoundError(errno.ENOENT, "no such directory for the report", path)
-    if not os.access(parent, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+    # (an existing file needs only its own permission: e.g. /dev/null as a non-root user)
+    if not os.access(path if os.path.exists(path) else parent, os.W_OK):
         raise PermissionError(errno.EACCES, "cannot write the report", path)
