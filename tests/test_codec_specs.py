@@ -185,9 +185,10 @@ def test_versions_as_json_numbers_read_as_the_same_number_as_a_string(number):
 
 @pytest.mark.parametrize("text", ["1_0+", "0 - 2", "0-1_0", "0 +", "+5", "٣", "1e1", ""])
 def test_version_numbers_are_plain_digits(text):
-    """Kafka's generator reads each version number with ``Short.parseShort``, which
-    takes no "_" separators and no spaces inside the range; Python's ``int()`` takes
-    both (and non-ASCII digits): "1_0+" was read as 10+."""
+    """Version numbers are ASCII digits. Kafka's generator reads them with
+    ``Short.parseShort``, which takes no "_" separators and no spaces inside the range;
+    Python's ``int()`` takes both: "1_0+" was read as 10+. (kinspect is stricter than
+    parseShort about a "+" sign and non-ASCII digits: no spec writes them.)"""
     with pytest.raises(ValueError, match="invalid version range"):
         Versions.parse(text)
     assert Versions.parse(" 3-10 ") == Versions(3, 10)  # the whole text may be padded

@@ -99,8 +99,9 @@ class Versions(NamedTuple):
 
 
 def _int16(s: str) -> int:
-    # digits only, as Kafka's generator reads them (Short.parseShort): no spaces
-    # around a "-", no "_" separators, which Python's int() would take
+    # ASCII digits only: no spaces around a "-" and no "_" separators, which Kafka's
+    # generator refuses (Short.parseShort) and Python's int() takes; a sign and
+    # non-ASCII digits, which parseShort would take, are refused too (no spec has them)
     if not (s.isascii() and s.isdigit()):
         raise ValueError(f"{s!r} is not a version number")
     return _check_int16(int(s, 10))
