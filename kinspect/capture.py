@@ -318,10 +318,18 @@ def make_parent(path: str | os.PathLike) -> None:
                                  str(parent)) from None
 
 
+def part_continues(head: dict[str, Any], start: int | None) -> bool:
+    """Whether a rotated part whose first record is ``head`` belongs to the capture
+    whose first session line has ``start_ns`` ``start`` (``None``: it had none): the
+    part opens with a session line of the same start (a part left from an older
+    capture of the same name does not)."""
+    return head.get("type") == "session" and (start is None or head.get("start_ns") == start)
+
+
 def capture_parts(path: str | os.PathLike) -> list[Path]:
     """``path`` followed by its existing rotated parts, in order (stops at the first
-    missing number). Whether a part belongs to the same capture is checked by
-    :func:`read_capture` (same session ``start_ns``)."""
+    missing number). Whether a part belongs to the same capture is for the reader to
+    check (:func:`part_continues`)."""
     out = [Path(path)]
     n = 1
     while True:
@@ -1066,13 +1074,11 @@ def _records(path: str | os.PathLike, parts: bool, max_line_bytes: int | None,
         if where is not None:
             where[0] = p
         for lineno, rec in _read_one(p, limit):
-            if first and rec.get("type") == "session":
+            if first:
                 if i == 0:
-                    start = rec.get("start_ns")
-                elif start is not None and rec.get("start_ns") != start:
+                    start = rec.get("start_ns") if rec.get("type") == "session" else None
+                elif not part_continues(rec, start):
                     return  # a stale part of another capture
-            elif first and i > 0:
-                return
             first = False
             if where is not None:
                 where[1] = lineno

@@ -306,14 +306,14 @@ def test_an_existing_writable_report_file_needs_no_writable_directory(tmp_path, 
     user sees them (the suite may run as root, to whom everything is writable)."""
     import os
 
-    from kinspect.commands.replay import _check_writable
+    from kinspect.commands import check_writable
 
     d = tmp_path / "ro"
     d.mkdir()
     (d / "report.json").write_text("{}")
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, mode: False if str(p) == str(d) else real(p, mode))
-    _check_writable(str(d / "report.json"))  # the file is writable: fine
+    check_writable(str(d / "report.json"))  # the file is writable: fine
     with pytest.raises(PermissionError, match="cannot write the report"):
-        _check_writable(str(d / "new.json"))  # a new file in a directory it cannot write
+        check_writable(str(d / "new.json"))  # a new file in a directory it cannot write
 

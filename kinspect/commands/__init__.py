@@ -106,6 +106,23 @@ def check_capture_found(path: str) -> None:
         raise FileNotFoundError(errno.ENOENT, f"no such file (did you mean {there}?)", path)
 
 
+def check_writable(path: str) -> None:
+    """Raise :class:`OSError` now if ``path`` cannot be written later: a directory,
+    in a directory that does not exist, an existing file that is not writable, or a
+    new file in a directory that is not (the file itself is written at the end)."""
+    import errno
+    import os
+
+    if os.path.isdir(path):
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a report file", path)
+    parent = os.path.dirname(path) or "."
+    if not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, "no such directory for the report", path)
+    # (an existing file needs only its own permission: e.g. /dev/null as a non-root user)
+    if not os.access(path if os.path.exists(path) else parent, os.W_OK):
+        raise PermissionError(errno.EACCES, "cannot write the report", path)
+
+
 def capture_path(text: str) -> str:
     """argparse type for a CAPTURE argument: a file name; ``-`` (stdin) is refused
     with the reason (a capture is read more than once, rotated parts are found next

@@ -373,7 +373,7 @@ def _lines(path: str, verb: str = "decode") -> Iterator[tuple[str, int, bytes]]:
             ``kinspect show``), or compressed data that is corrupt (a CRC mismatch,
             bad deflate data), naming the file.
     """
-    from ..capture import capture_parts
+    from ..capture import capture_parts, part_continues
 
     if path == "-":
         for n, line in enumerate(sys.stdin.buffer, 1):
@@ -388,10 +388,9 @@ def _lines(path: str, verb: str = "decode") -> Iterator[tuple[str, int, bytes]]:
                 first = False
                 head = _session_head(line)
                 if i == 0:
-                    start = head.get("start_ns")
-                elif head.get("type") != "session" or (
-                        start is not None and head.get("start_ns") != start):
-                    return  # not a part of this capture (as read_capture decides)
+                    start = head.get("start_ns") if head.get("type") == "session" else None
+                elif not part_continues(head, start):
+                    return  # not a part of this capture
             yield name, n, line
 
 

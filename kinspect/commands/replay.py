@@ -32,6 +32,7 @@ from . import (
     api_names,
     capture_path,
     check_capture_found,
+    check_writable,
     hostport,
     make_codec,
     nonnegative_float,
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     codec = make_codec(args)
     flt = parse(args.filter, api_names(codec)) if args.filter else None
     if args.report:
-        _check_writable(args.report)  # before the replay, not after it has run
+        check_writable(args.report)  # before the replay, not after it has run
     check_capture_found(args.capture)
     flows = load_flows(args.capture, codec)
     select = None
@@ -197,19 +198,3 @@ def _duration(seconds: float) -> str:
 def _nz(n: int, color: str) -> str:
     return f"[{color}]{n}[/]" if n else "0"
 
-
-def _check_writable(path: str) -> None:
-    """Raise :class:`OSError` now if ``path`` cannot be written later: a directory,
-    in a directory that does not exist, an existing file that is not writable, or a
-    new file in a directory that is not (the file itself is written at the end)."""
-    import errno
-    import os
-
-    if os.path.isdir(path):
-        raise IsADirectoryError(errno.EISDIR, "is a directory, not a report file", path)
-    parent = os.path.dirname(path) or "."
-    if not os.path.isdir(parent):
-        raise FileNotFoundError(errno.ENOENT, "no such directory for the report", path)
-    # (an existing file needs only its own permission: e.g. /dev/null as a non-root user)
-    if not os.access(path if os.path.exists(path) else parent, os.W_OK):
-        raise PermissionError(errno.EACCES, "cannot write the report", path)

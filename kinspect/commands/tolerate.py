@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from . import add_spec_options, hostport, positive_float, positive_int
+from . import add_spec_options, check_writable, hostport, positive_float, positive_int
 
 EPILOG = """\
 Each cell sends one request, on a fresh connection, with one unknown tagged field
@@ -102,9 +102,7 @@ def run(args: argparse.Namespace) -> int:
         raise KinspectError(f"--apis: no spec defines {', '.join(unknown)} "
                             f"(api names as 'kinspect specs' lists them, e.g. Metadata)")
     if args.json and not to_stdout:
-        from .replay import _check_writable
-
-        _check_writable(args.json)  # before the matrix is sent, not after it has run
+        check_writable(args.json)  # before the matrix is sent, not after it has run
     count = 0
     with console.status("tolerance matrix: starting") as status:
         def progress(cell) -> None:
