@@ -1,7 +1,10 @@
 """The live view: a rich flow table redrawn at a fixed rate, and a line printer.
 
 Both are pipeline addons (:mod:`kinspect.proxy.pipeline`): they receive each flow
-once it is complete and decoded. The live view redraws at ``refresh_per_second``
+once it is complete and decoded. The live view also shows the requests still
+waiting for their responses (a long-polling Fetch, a JoinGroup held for a
+rebalance, a request a broker never answers), below the complete flows, with the
+time they have waited so far. The live view redraws at ``refresh_per_second``
 whatever the traffic, and renders rows lazily: a flow waits as it is until a redraw
 shows it, so under heavy traffic only the flows that reach the screen cost a row
 (a few dozen per redraw instead of one per flow). The flows waiting are bounded
@@ -27,8 +30,9 @@ from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 
+from .codec import DecodeError
 from .filters import Filter, TopicIds
-from .flows import Flow
+from .flows import NO_RESPONSE, Flow
 from .show import COLUMNS, flow_row, printable
 
 #: bytes of frames (requests and responses) of flows waiting to be rendered, past
@@ -43,6 +47,9 @@ PENDING_BYTES = 4 << 20
 RENDER_AT_ONCE = 64 << 10
 
 log = logging.getLogger("kinspect.tui")
+
+#: flag shown on the live view's rows of requests still waiting for their responses
+IN_FLIGHT = "in-flight"
 
 #: columns of the live view shrunk first when the terminal is too narrow for every
 #: column (then the others but the api column, then that one too)
@@ -130,6 +137,14 @@ class LiveView:
         console: rich console (default: stdout).
         keep: rows kept for display.
         match: optional filter (:class:`kinspect.filters.Filter`) selecting flows.
+
+    Below the complete flows, each redraw shows the requests forwarded and still
+    waiting for their responses, oldest first, on at most a third of the table's
+    rows (flag ``in-flight``, the ms column the time waited so far followed by
+    ``+``, the response columns empty; the header counts them all as ``in
+    flight``). Their rows come from the request header alone (the request is
+    decoded with its response); with ``match``, those the filter matches on what is
+    known so far are shown.
     """
 
     def __init__(self, proxy: Any, console: Console | None = None, keep: int = 500,
@@ -144,6 +159,10 @@ class LiveView:
         self._rows: deque[tuple[dict[str, str], str | None]] = deque(maxlen=keep)
         self._pending: deque[Flow | tuple[dict[str, str], str | None]] = deque()
         self._pending_bytes = 0
+        #: requests forwarded and not answered yet, by flow id, oldest first (each
+        #: is also in its connection's tracker until answered or closed, so this
+        #: holds no flow longer than the proxy does)
+        self._waiting: dict[int, Flow] = {}
         self._lock = threading.Lock()  # redraws run on rich's refresh thread
         self.topic_ids = TopicIds()
         self.match = match
@@ -158,6 +177,10 @@ class LiveView:
         self._live.start()
         return self
 
+    def on_request(self, flow: Flow) -> None:
+        if NO_RESPONSE not in flow.flags:  # (that flow is complete already)
+            self._waiting[flow.id] = flow
+
     def on_flow(self, flow: Flow) -> None:
         now = time.monotonic()
         self._rate.add(now, 1)
@@ -165,7 +188,8 @@ class LiveView:
         self.topic_ids.learn(flow)
         if self.match is None or self.match.matches(flow, topic_ids=self.topic_ids):
             size = len(flow.request) + len(flow.response or b"")
-            with self._lock:
+            with self._lock:  # (a redraw shows it waiting or complete, never both)
+                self._waiting.pop(flow.id, None)
                 pending = self._pending
                 if size >= RENDER_AT_ONCE:  # waits as its row, in its place
                     row = self._row(flow)
@@ -180,6 +204,8 @@ class LiveView:
                         self._pending_bytes -= len(old.request) + len(old.response or b"")
             if self._pending_bytes > PENDING_BYTES:
                 self._render(None, budget=True)
+        else:
+            self._waiting.pop(flow.id, None)
 
     def _row(self, flow: Flow) -> tuple[dict[str, str], str | None] | None:
         """``(row, style)`` of a flow, or ``None`` (logged) when it cannot be rendered."""
@@ -224,6 +250,40 @@ class LiveView:
                 if row is not None:
                     rows.append(row)
 
+    def waiting_rows(self, n: int) -> list[tuple[dict[str, str], str | None]]:
+        """``(row, style)`` of the (at most ``n``) oldest requests still waiting for
+        their responses that ``match`` selects, oldest first (see the class)."""
+        if n <= 0:
+            return []
+        with self._lock:
+            waiting = list(self._waiting.values())
+        now = time.time_ns()
+        codec = getattr(self.proxy, "codec", None)
+        out = []
+        for flow in waiting:
+            if flow.response is not None:  # answered: shown complete at a next redraw
+                continue
+            try:
+                if self.match is not None and \
+                        not self.match.matches(flow, topic_ids=self.topic_ids):
+                    continue
+                row = flow_row(flow, self.topic_ids, quick=True)
+                if flow.client_id is None and codec is not None and flow.api_key >= 0:
+                    try:  # the header alone (the request is decoded with its response)
+                        client_id = codec.decode_request(flow.request, body=False).client_id
+                    except DecodeError:
+                        client_id = None
+                    row["client_id"] = printable(client_id or "")
+                row["latency"] = f"{max(now - flow.request_ns, 0) / 1e6:.0f}+"
+                row["flags"] = " ".join(x for x in (IN_FLIGHT, row["flags"]) if x)
+            except Exception:  # noqa: BLE001 - one bad row must not stop the redraws
+                log.exception("live view: cannot render waiting request #%s", flow.id)
+                continue
+            out.append((row, "dim"))
+            if len(out) >= n:
+                break
+        return out
+
     def close(self) -> None:
         self._live.stop()
 
@@ -244,6 +304,8 @@ class LiveView:
         t.append(f"   conns {s.connections_open} open / {s.connections_total} total")
         t.append(f"   flows {s.flows}  {self._rate.rate(now):.1f}/s")
         t.append(f"   {human_bytes(self._bytes.rate(now))}/s")
+        if self._waiting:
+            t.append(f"   in flight {len(self._waiting)}")
         if s.undecoded:
             t.append(f"   undecoded {s.undecoded}", style="yellow")
         if s.decode_skipped:
@@ -255,15 +317,19 @@ class LiveView:
 
     def table(self, rows: int) -> "TableLines":
         """The newest ``rows`` rows as fixed-width lines, columns sized to their content
-        (a :class:`TableLines`).
+        (a :class:`TableLines`): rows of complete flows, then those of requests
+        waiting for their responses (:meth:`waiting_rows`, on at most a third of
+        ``rows``).
 
         Lines of text rather than a rich ``Table`` or ``Text``: a redraw runs on
         rich's refresh thread, holding the GIL the forwarding loop needs. rich lays
         out a ``Table`` in tens of milliseconds for a few dozen rows, and splitting a
         multi-line ``Text`` into styled lines took longer than the rest of a redraw;
         these lines are cropped already (measured in BENCHMARKS.md, Proxy)."""
-        self._render(rows)
-        shown = list(self._rows)[-rows:] if rows > 0 else []
+        waiting = self.waiting_rows(rows // 3)
+        done = rows - len(waiting)
+        self._render(done)
+        shown = (list(self._rows)[-done:] if done > 0 else []) + waiting
         heads = [h for _, h, _ in COLUMNS]
         cells = [[row[k] or "" for k, _, _ in COLUMNS] for row, _ in shown]
         encoding = self.console.encoding

@@ -431,3 +431,60 @@ def test_the_line_printer_stops_printing_once_its_reader_goes_away(caplog):
         out.close()
     except BrokenPipeError:  # what the first print left in the buffer
         pass
+
+
+async def test_a_request_waiting_for_its_response_shows_in_flight_until_answered(tansu, unique):
+    """A Fetch the broker holds for its MaxWaitMs (an empty partition, MinBytes 1)
+    shows as an in-flight row, with the time waited so far, until its answer comes;
+    then as a complete flow."""
+    import asyncio
+
+    from proxyutil import codec, request_bytes
+    from test_resilience import create_topic
+
+    topic = unique("wait")
+    create_topic(tansu.bootstrap, topic)
+    body = codec().request_codec(1).cls.from_dict(dict(
+        MaxWaitMs=3000, MinBytes=1, MaxBytes=1 << 20, IsolationLevel=0,
+        Topics=[dict(Topic=topic, Partitions=[dict(Partition=0, FetchOffset=0,
+                                                   PartitionMaxBytes=1 << 20)])]))
+    fetch = request_bytes(1, 4, 77, client_id="long-poller",
+                          **{k: body.get(k) for k in body.keys()})
+    console = Console(file=io.StringIO(), width=200, height=30, force_terminal=False)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        view = LiveView(proxy, console=console)
+        proxy.pipeline.add(view)
+        host, port = proxy.address
+        reader, writer = await asyncio.open_connection(host, port)
+        try:
+            sent = time.monotonic()
+            writer.write(len(fetch).to_bytes(4, "big") + fetch)
+
+            def in_flight() -> list[str]:
+                return [line for line, _ in view.table(24).lines[1:] if " in-flight" in line]
+
+            seen: list[str] = []
+            while not seen and time.monotonic() - sent < 2:  # (the broker holds it 3 s)
+                await asyncio.sleep(0.05)
+                seen = in_flight()
+            assert seen, "no in-flight row while the broker held the Fetch"
+            (row,) = seen
+            cells = row.split()
+            assert "long-poller" in cells and "Fetch" in cells and "v4" in cells
+            assert "77" in cells  # its correlation id
+            assert str(len(fetch)) in cells  # its size, and no response size yet
+            waited = next(c for c in cells if c.endswith("+"))
+            assert 0 <= int(waited[:-1]) <= (time.monotonic() - sent) * 1000 + 1
+            assert "in flight 1" in view.header().plain
+            size = int.from_bytes(await asyncio.wait_for(reader.readexactly(4), 10), "big")
+            await reader.readexactly(size)
+            assert time.monotonic() - sent >= 2.5, "the broker did not hold the Fetch"
+        finally:
+            writer.close()
+        await proxy.pipeline.drained()
+        assert in_flight() == []
+        assert "in flight" not in view.header().plain
+        (flow,) = [f for f in rec.flows if f.api_name == "Fetch"]
+        row, style = view.rows[-1]
+        assert row["id"] == str(flow.id) and row["corr"] == "77" and row["resp_bytes"] == str(size)
+        assert row["client_id"] == "long-poller" and "in-flight" not in row["flags"]
