@@ -4,19 +4,26 @@ Both are pipeline addons (:mod:`kinspect.proxy.pipeline`): they receive each flo
 once it is complete and decoded. The live view also shows the requests still
 waiting for their responses (a long-polling Fetch, a JoinGroup held for a
 rebalance, a request a broker never answers), below the complete flows, with the
-time they have waited so far. The live view redraws at ``refresh_per_second``
-whatever the traffic, and renders rows lazily: a flow waits as it is until a redraw
-shows it, so under heavy traffic only the flows that reach the screen cost a row
-(a few dozen per redraw instead of one per flow). The flows waiting are bounded
-(the newest ``keep``, and at most :data:`PENDING_BYTES` of frames; past that the
-oldest are rendered at once), so the view never holds many frames in memory; a flow
-of :data:`RENDER_AT_ONCE` bytes or more is rendered as it arrives. A flow that cannot
-be rendered is logged and left out; the redraws go on.
+time they have waited so far. On a terminal, keys select a row and open its flow
+decoded (:meth:`LiveView.key`, :class:`KeyReader`).
+
+The live view redraws at ``refresh_per_second`` whatever the traffic, and renders
+rows lazily: a flow waits as it is until a redraw shows it, so under heavy traffic
+only the flows that reach the screen cost a row (a few dozen per redraw instead of
+one per flow). The flows waiting are bounded (the newest ``keep``, and at most
+:data:`PENDING_BYTES` of frames; past that the oldest are rendered at once), so the
+view never holds many frames in memory (an interactive view holds those of its rows
+as well, at most :data:`HOLD_BYTES`); a flow of :data:`RENDER_AT_ONCE` bytes or more
+is rendered as it arrives. A flow that cannot be rendered is logged and left out;
+the redraws go on.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
+import select
 import sys
 import threading
 import time
@@ -33,7 +40,7 @@ from rich.text import Text
 from .codec import DecodeError
 from .filters import Filter, TopicIds
 from .flows import NO_RESPONSE, Flow
-from .show import COLUMNS, flow_row, printable
+from .show import COLUMNS, flow_row, flow_tree, printable
 
 #: bytes of frames (requests and responses) of flows waiting to be rendered, past
 #: which the oldest are rendered at once and let go (their decoded values, also
@@ -50,6 +57,10 @@ log = logging.getLogger("kinspect.tui")
 
 #: flag shown on the live view's rows of requests still waiting for their responses
 IN_FLIGHT = "in-flight"
+#: bytes of frames (requests and responses) of the flows behind the live view's rows
+#: that an interactive view holds for their detail, past which the oldest are let go
+#: (their decoded values take a few times this)
+HOLD_BYTES = 32 << 20
 
 #: columns of the live view shrunk first when the terminal is too narrow for every
 #: column (then the others but the api column, then that one too)
@@ -149,10 +160,25 @@ class LiveView:
 
     def __init__(self, proxy: Any, console: Console | None = None, keep: int = 500,
                  refresh_per_second: float = 4.0, match: Filter | None = None,
-                 title: str = "kinspect"):
+                 title: str = "kinspect", interactive: bool = False):
         self.proxy = proxy
         self.console = console or Console()
         self.keep = keep
+        #: rows can be selected and opened (:meth:`key`); the flows behind the rows
+        #: are held for that (at most :data:`HOLD_BYTES` of frames)
+        self.interactive = interactive
+        #: flow id of the selected row (``None``: none, the newest rows are followed)
+        self.selected: int | None = None
+        #: flow id of the flow shown in detail (``None``: the table is shown)
+        self.detail: int | None = None
+        self._held: dict[int, Flow] = {}  # flows behind the rows, oldest first
+        self._held_bytes = 0
+        self._top = 0  # first row of the table's window while a row is selected
+        self._page = 10  # rows in the table at the last redraw
+        self._detail_lines: list[list[Segment]] | None = None  # the detail, rendered
+        self._detail_width = 0  # ... at this width
+        self._detail_top = 0
+        self._keys: KeyReader | None = None
         # (rendered row, style) of the newest flows, oldest first; and the flows
         # after them that no redraw has shown yet (rendered on demand; a large flow
         # waits there already rendered, see RENDER_AT_ONCE)
@@ -173,8 +199,15 @@ class LiveView:
                           screen=False, transient=False, redirect_stdout=False,
                           redirect_stderr=False, vertical_overflow="crop")
 
-    def start(self) -> "LiveView":
+    def start(self, keys: int | None = None) -> "LiveView":
+        """Start drawing; with ``keys`` (a terminal's file descriptor, e.g. stdin's)
+        read keys from it (:class:`KeyReader`) to select and open rows (the view is
+        then ``interactive``)."""
         self._live.start()
+        if keys is not None:
+            self.interactive = True
+            self._keys = KeyReader(keys, self._on_key)
+            self._keys.start()
         return self
 
     def on_request(self, flow: Flow) -> None:
@@ -195,6 +228,8 @@ class LiveView:
                     row = self._row(flow)
                     if row is not None:
                         pending.append(row)
+                        if self.interactive:
+                            self._hold(flow, size)
                 else:
                     pending.append(flow)
                     self._pending_bytes += size
@@ -245,10 +280,25 @@ class LiveView:
                 pending.clear()
                 self._pending_bytes = 0
             rows = self._rows
+            hold = self.interactive
             for f in take:
                 row = f if type(f) is tuple else self._row(f)  # (rendered on arrival)
                 if row is not None:
                     rows.append(row)
+                    if hold and type(f) is not tuple:
+                        self._hold(f, len(f.request) + len(f.response or b""))
+
+    def _hold(self, flow: Flow, size: int) -> None:
+        """Keep ``flow`` for its row's detail (under the lock); let the oldest held
+        flows go past ``keep`` flows or :data:`HOLD_BYTES` of frames."""
+        held = self._held
+        if size > HOLD_BYTES:
+            return
+        held[flow.id] = flow
+        self._held_bytes += size
+        while len(held) > self.keep or self._held_bytes > HOLD_BYTES:
+            old = held.pop(next(iter(held)))
+            self._held_bytes -= len(old.request) + len(old.response or b"")
 
     def waiting_rows(self, n: int) -> list[tuple[dict[str, str], str | None]]:
         """``(row, style)`` of the (at most ``n``) oldest requests still waiting for
@@ -285,6 +335,8 @@ class LiveView:
         return out
 
     def close(self) -> None:
+        if self._keys is not None:
+            self._keys.stop()
         self._live.stop()
 
     def header(self) -> Text:
@@ -312,6 +364,10 @@ class LiveView:
             t.append(f"   decode skipped {s.decode_skipped}", style="yellow")
         if s.rewritten:
             t.append(f"   rewritten {s.rewritten}")
+        if self.interactive:
+            t.append(f"   {self._arrows()} select, Enter opens, End follows"
+                     if self.selected is None else
+                     f"   #{self.selected} selected: Enter opens, End follows", style="dim")
         t.append("   Ctrl-C quits", style="dim")
         return t
 
@@ -326,10 +382,14 @@ class LiveView:
         out a ``Table`` in tens of milliseconds for a few dozen rows, and splitting a
         multi-line ``Text`` into styled lines took longer than the rest of a redraw;
         these lines are cropped already (measured in BENCHMARKS.md, Proxy)."""
-        waiting = self.waiting_rows(rows // 3)
-        done = rows - len(waiting)
-        self._render(done)
-        shown = (list(self._rows)[-done:] if done > 0 else []) + waiting
+        self._page = rows
+        if self.selected is not None:
+            shown = self._window(rows)
+        else:
+            waiting = self.waiting_rows(rows // 3)
+            done = rows - len(waiting)
+            self._render(done)
+            shown = (list(self._rows)[-done:] if done > 0 else []) + waiting
         heads = [h for _, h, _ in COLUMNS]
         cells = [[row[k] or "" for k, _, _ in COLUMNS] for row, _ in shown]
         encoding = self.console.encoding
@@ -366,9 +426,150 @@ class LiveView:
         return TableLines([(line(heads), "bold")] +
                           [(line(c), style) for (_, style), c in zip(shown, cells)])
 
+    def _arrows(self) -> str:
+        return "↑↓" if self.console.encoding.startswith("utf") else "Up/Down"
+
+    def _window(self, rows: int) -> list[tuple[dict[str, str], str | None]]:
+        """The ``rows`` rows around the selected one (the selected one in reverse)."""
+        self._render(None)
+        with self._lock:
+            kept = list(self._rows)
+            i = self._index(kept)
+            if i is None:
+                return []
+            top = min(max(self._top, i - rows + 1), i)
+            self._top = top = max(0, min(top, len(kept) - rows))
+            shown = kept[top:top + rows]
+        return [(row, "reverse") if top + j == i else (row, style)
+                for j, (row, style) in enumerate(shown)]
+
+    def _index(self, kept: list) -> int | None:
+        """Where the selected row is in ``kept`` (the oldest one if it was let go,
+        and that one is selected then); ``None`` when there are no rows."""
+        if not kept:
+            self.selected = None
+            return None
+        want = str(self.selected)
+        for i in range(len(kept) - 1, -1, -1):
+            if kept[i][0]["id"] == want:
+                return i
+        self.selected = int(kept[0][0]["id"])
+        return 0
+
+    def key(self, name: str) -> None:
+        """Act on a key (names as :func:`parse_keys` gives them). On the table:
+        ``up``/``down`` (``k``/``j``), ``pgup``/``pgdn``, ``home`` (``g``): select a
+        row, which stops following the newest; ``end`` (``G``, ``f``) or ``esc``:
+        follow the newest rows again; ``enter`` (``right``, ``l``): open the
+        selected row's flow (or the newest), decoded as ``kinspect show --flow``
+        shows it. In a flow: ``up``/``down``, ``pgup``/``pgdn`` (``space``),
+        ``home``/``end`` scroll; ``esc``, ``left`` (``h``), ``backspace`` or ``q``:
+        back to the table; ``n``/``p``: the next or previous flow."""
+        if not self.interactive:
+            return
+        self._render(None)
+        with self._lock:
+            if self.detail is not None:
+                self._detail_key(name)
+            else:
+                self._table_key(name)
+
+    def _table_key(self, name: str) -> None:
+        kept = list(self._rows)
+        if name in ("end", "G", "f", "esc"):
+            self.selected = None
+            return
+        if not kept:
+            return
+        page = max(self._page - 1, 1)
+        if self.selected is None:
+            i = len(kept) - 1 if name in ("up", "k", "enter", "right", "l") else \
+                0 if name in ("home", "g") else None
+            if i is None and name == "pgup":
+                i = max(len(kept) - 1 - page, 0)
+            if i is None:
+                return
+        else:
+            i = self._index(kept)
+            step = {"up": -1, "k": -1, "down": 1, "j": 1, "pgup": -page, "pgdn": page}
+            if name in step:
+                i = min(max(i + step[name], 0), len(kept) - 1)
+            elif name in ("home", "g"):
+                i = 0
+        self.selected = int(kept[i][0]["id"])
+        if name in ("enter", "right", "l"):
+            self._open(self.selected)
+
+    def _open(self, flow_id: int) -> None:
+        self.detail = flow_id
+        self._detail_lines = None
+        self._detail_width = 0
+        self._detail_top = 0
+
+    def _detail_key(self, name: str) -> None:
+        if name in ("esc", "left", "h", "backspace", "q"):
+            self.detail = None
+            self._detail_lines = None
+            self._detail_width = 0
+            return
+        if name in ("n", "p"):
+            kept = list(self._rows)
+            self.selected = self.detail
+            i = self._index(kept)
+            if i is not None:
+                i = min(max(i + (1 if name == "n" else -1), 0), len(kept) - 1)
+                self.selected = int(kept[i][0]["id"])
+                self._open(self.selected)
+            return
+        page = max(self._page - 1, 1)
+        step = {"up": -1, "k": -1, "down": 1, "j": 1, "pgup": -page, "pgdn": page,
+                "space": page, "home": -(1 << 30), "g": -(1 << 30), "end": 1 << 30,
+                "G": 1 << 30}
+        if name in step:
+            self._detail_top = max(0, self._detail_top + step[name])  # (capped at render)
+
+    def _on_key(self, name: str) -> None:
+        """A key from the :class:`KeyReader` thread: act, then redraw at once."""
+        try:
+            self.key(name)
+            self._live.refresh()
+        except Exception:  # noqa: BLE001 - a key must not end the view
+            log.exception("live view: key %r failed", name)
+
+    def _detail_view(self, width: int, height: int) -> Group:
+        """The open flow, decoded, as lines scrolled to ``_detail_top``. (Rendered
+        once per flow and width, outside the lock: the event loop's ``on_flow``
+        takes it, and a large flow's tree takes a while.)"""
+        with self._lock:
+            detail = self.detail
+            flow = self._held.get(detail) if detail is not None else None
+            lines = self._detail_lines if self._detail_width == width else None
+        if lines is None:
+            options = self.console.options.update(width=width, height=None)
+            if flow is None:
+                what: Any = Text(f"flow #{detail} is not held any more: the view holds the "
+                                 f"flows of its last {self.keep} rows, at most "
+                                 f"{HOLD_BYTES >> 20} MiB of frames", style="yellow")
+            else:
+                what = flow_tree(flow, getattr(self.proxy, "codec", None),
+                                 topic_ids=self.topic_ids)
+            lines = self.console.render_lines(what, options, pad=False)
+            with self._lock:
+                if self.detail == detail:
+                    self._detail_lines, self._detail_width = lines, width
+        with self._lock:
+            top = self._detail_top = max(0, min(self._detail_top, len(lines) - height))
+        shown = lines[top:top + height]
+        status = Text(f" #{detail}  lines {top + 1}-{top + len(shown)} of {len(lines)}   "
+                      f"{self._arrows()} PgUp PgDn scroll   n/p next/previous flow   Esc back",
+                      style="dim")
+        return Group(status, _Lines(shown))
+
     def __rich__(self) -> Group:
         console = self.console
         width, height = console.size
+        if self.detail is not None:
+            return self._detail_view(width, max(height - 3, 3))
         header = self.header()
         # the header wraps on a narrow terminal: the table gets the lines left, less
         # its heading line and the line rich's Live leaves for the cursor (rows past
@@ -407,6 +608,138 @@ class TableLines:
                 text = text[:width]
             yield Segment(text, styles[name])
             yield newline
+
+
+class _Lines:
+    """Lines of rendered segments, as they are (each ended by a newline)."""
+
+    def __init__(self, lines: list[list[Segment]]):
+        self.lines = lines
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[Segment]:
+        newline = Segment.line()
+        for line in self.lines:
+            yield from line
+            yield newline
+
+
+#: escape sequences of the keys the live view knows (xterm's, in normal and
+#: application cursor mode; ECMA-48 for the rest), longest first
+_SEQUENCES = sorted({
+    b"\x1b[A": "up", b"\x1b[B": "down", b"\x1b[C": "right", b"\x1b[D": "left",
+    b"\x1bOA": "up", b"\x1bOB": "down", b"\x1bOC": "right", b"\x1bOD": "left",
+    b"\x1b[5~": "pgup", b"\x1b[6~": "pgdn", b"\x1b[H": "home", b"\x1b[F": "end",
+    b"\x1bOH": "home", b"\x1bOF": "end", b"\x1b[1~": "home", b"\x1b[4~": "end",
+    b"\x1b[7~": "home", b"\x1b[8~": "end",
+}.items(), key=lambda kv: -len(kv[0]))
+_SINGLE = {b"\r": "enter", b"\n": "enter", b" ": "space", b"\x7f": "backspace",
+           b"\x08": "backspace"}
+
+
+def parse_keys(data: bytes) -> list[str]:
+    """Key names in bytes read from a terminal in cbreak mode: ``up``, ``down``,
+    ``left``, ``right``, ``pgup``, ``pgdn``, ``home``, ``end``, ``enter``, ``esc``,
+    ``space``, ``backspace``, and printable ASCII characters as themselves (``j``,
+    ``G``). An escape sequence not known here is skipped whole (up to its final
+    byte, ECMA-48 CSI); a lone ESC is ``esc``."""
+    keys = []
+    i, n = 0, len(data)
+    while i < n:
+        b = data[i:i + 1]
+        if b == b"\x1b":
+            for seq, name in _SEQUENCES:
+                if data.startswith(seq, i):
+                    keys.append(name)
+                    i += len(seq)
+                    break
+            else:
+                if data.startswith((b"\x1b[", b"\x1bO"), i):  # unknown: skip to its end
+                    j = i + 2
+                    while j < n and not 0x40 <= data[j] <= 0x7E:
+                        j += 1
+                    i = j + 1
+                else:
+                    keys.append("esc")
+                    i += 1
+            continue
+        if b in _SINGLE:
+            keys.append(_SINGLE[b])
+        elif 0x21 <= data[i] <= 0x7E:
+            keys.append(b.decode("ascii"))
+        i += 1
+    return keys
+
+
+class KeyReader:
+    """Read keys from a terminal on a thread of its own and hand each to
+    ``on_key(name)`` (names from :func:`parse_keys`).
+
+    :meth:`start` puts the terminal in cbreak mode (no echo, keys as they are typed;
+    Ctrl-C still sends SIGINT) and :meth:`stop` (also run at exit) puts it back as it
+    was. A terminal that cannot be put in cbreak mode (not a terminal) is left
+    alone and no keys are read."""
+
+    def __init__(self, fd: int, on_key: Any):
+        self.fd = fd
+        self.on_key = on_key
+        self._saved: list | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        self._thread = threading.Thread(target=self._run, name="kinspect-keys", daemon=True)
+
+    def start(self) -> "KeyReader":
+        import termios
+        import tty
+
+        try:
+            self._saved = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd, termios.TCSANOW)
+        except (termios.error, OSError):
+            self._saved = None
+            return self
+        atexit.register(self._restore)  # (should the process end without stop())
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                ready, _, _ = select.select([self.fd, self._wake_r], [], [])
+                if self._wake_r in ready:
+                    return
+                data = os.read(self.fd, 64)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+            if not data:  # the terminal went away
+                return
+            for name in parse_keys(data):
+                self.on_key(name)
+
+    def stop(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        if self._thread.is_alive():
+            self._thread.join(1.0)
+        self._restore()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    def _restore(self) -> None:
+        import termios
+
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            atexit.unregister(self._restore)
+            try:
+                termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
+            except (termios.error, OSError):
+                pass
 
 
 def _encodable(text: str, encoding: str) -> str:

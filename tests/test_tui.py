@@ -488,3 +488,180 @@ async def test_a_request_waiting_for_its_response_shows_in_flight_until_answered
         row, style = view.rows[-1]
         assert row["id"] == str(flow.id) and row["corr"] == "77" and row["resp_bytes"] == str(size)
         assert row["client_id"] == "long-poller" and "in-flight" not in row["flags"]
+
+
+def test_key_names_from_xterm_escape_sequences():
+    """Sequences as xterm sends them (XTerm Control Sequences: CSI and SS3 cursor
+    keys, CSI 5~/6~ for PgUp/PgDn, CSI H/F and 1~/4~ for Home/End); an unknown
+    sequence (Ctrl-Up, CSI 1;5A) is skipped whole, a lone ESC is Esc."""
+    from kinspect.tui import parse_keys
+
+    assert parse_keys(b"\x1b[A\x1b[B\x1b[C\x1b[D") == ["up", "down", "right", "left"]
+    assert parse_keys(b"\x1bOA\x1bOB") == ["up", "down"]
+    assert parse_keys(b"\x1b[5~\x1b[6~\x1b[H\x1b[F\x1b[1~\x1b[4~") == \
+        ["pgup", "pgdn", "home", "end", "home", "end"]
+    assert parse_keys(b"\x1b[1;5Aj\x1b") == ["j", "esc"]
+    assert parse_keys(b"\r\n \x7fqG\x00\xff") == ["enter", "enter", "space", "backspace",
+                                                   "q", "G"]
+
+
+async def test_rows_of_real_flows_are_selected_and_opened(tansu, unique):
+    """Keys select a row (which stops following the newest rows), open its flow
+    decoded, go to the next flow, back to the table, and follow the newest again."""
+    topic = unique("t")
+    console = Console(file=io.StringIO(), width=200, height=40, force_terminal=False)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        view = LiveView(proxy, console=console, keep=100, interactive=True)
+        proxy.pipeline.add(view)
+        await roundtrip_async("kafka-python", bootstrap_of(proxy), ["a", "b"],
+                              topic=topic, group=unique("g"))
+        await proxy.pipeline.drained()
+
+        def screen() -> str:
+            console.file = io.StringIO()
+            console.print(view)
+            return console.file.getvalue()
+
+        screen()  # a redraw renders the rows
+        ids = [int(r["id"]) for r, _ in view.rows]
+        assert view.selected is None
+        view.key("up")  # selects the newest row
+        assert view.selected == ids[-1]
+        lines = view.table(20).lines
+        assert [style for _, style in lines].count("reverse") == 1
+        assert next(text for text, style in lines if style == "reverse").split()[0] == str(ids[-1])
+        produce = next(f for f in rec.flows if f.api_name == "Produce" and f.id in ids)
+        view.key("home")
+        for _ in range(ids.index(produce.id)):
+            view.key("down")
+        assert view.selected == produce.id
+        view.key("enter")
+        assert view.detail == produce.id
+        shown = screen()
+        assert f"#{produce.id} Produce v{produce.api_version}" in shown
+        assert "request (" in shown and "response (" in shown and "header v" in shown
+        assert topic in shown  # the topic, from the decoded body
+        assert "Esc back" in shown
+        view.key("n")  # the next row's flow
+        after = ids[ids.index(produce.id) + 1]
+        assert view.detail == after and f"#{after} " in screen()
+        view.key("esc")  # back to the table, the row still selected
+        assert view.detail is None and view.selected == after
+        assert f"#{after} selected" in screen()
+        view.key("end")  # follow the newest rows again
+        assert view.selected is None
+        assert view.table(20).lines[-1][0].split()[0] == str(ids[-1])
+        assert "reverse" not in [style for _, style in view.table(20).lines]
+
+
+def test_an_open_flow_the_view_no_longer_holds_says_so():
+    console = Console(file=io.StringIO(), width=160, height=30, force_terminal=False)
+    view = LiveView(_unstarted_proxy(), console=console, keep=3, interactive=True)
+    flows = _flows(10)
+    for f in flows[:3]:
+        view.on_flow(f)
+    view.table(10)
+    view.key("home")
+    view.key("enter")
+    assert view.detail == flows[0].id
+    console.print(view)
+    assert "ApiVersions v3" in console.file.getvalue()
+    for f in flows[3:]:  # three newer rows: the open flow's row and flow are let go
+        view.on_flow(f)
+    view.table(10)
+    assert set(view._held) == {f.id for f in flows[-3:]}
+    view.key("down")  # (scrolling re-renders nothing: the lines are kept)
+    view._detail_lines = None  # as after a resize
+    console.file = io.StringIO()
+    console.print(view)
+    assert f"flow #{flows[0].id} is not held any more" in console.file.getvalue()
+    view.key("esc")  # its row is gone too: the oldest row is selected instead
+    assert view.detail is None and view.selected == flows[-3].id
+
+
+def test_a_view_that_is_not_interactive_ignores_keys_and_holds_no_flow():
+    view = LiveView(_unstarted_proxy(), console=Console(file=io.StringIO()), keep=5)
+    for f in _flows(4):
+        view.on_flow(f)
+    view.table(10)
+    view.key("up")
+    view.key("enter")
+    assert view.selected is None and view.detail is None and not view._held
+
+
+def test_keys_at_a_terminal_open_a_flow_of_a_real_client_and_the_terminal_is_restored(
+        tansu, unique):
+    """``kinspect proxy`` on a terminal (a pty) with a real client's flows: the
+    arrow keys and Enter open a flow decoded; the terminal is in cbreak mode (no
+    echo) while it runs, and as it was after Ctrl-C."""
+    import fcntl
+    import pty
+    import re
+    import select
+    import signal
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from clients import roundtrip
+
+    from kinspect.brokers import free_port
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 180, 0, 0))
+    before = termios.tcgetattr(slave)
+    assert before[3] & termios.ECHO and before[3] & termios.ICANON
+    port = free_port()
+    env = dict(os.environ, TERM="xterm-256color", COLUMNS="180", LINES="40")
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
+                             tansu.bootstrap, "--listen", f"127.0.0.1:{port}"],
+                            stdin=slave, stdout=slave, stderr=slave, env=env,
+                            start_new_session=True)
+    out = bytearray()
+
+    def read_until(pattern: str, timeout: float) -> str:
+        deadline = time.monotonic() + timeout
+        while True:
+            text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode("utf-8", "replace"))
+            if re.search(pattern, text):
+                return text
+            left = deadline - time.monotonic()
+            if left <= 0 or proc.poll() is not None:
+                raise AssertionError(f"{pattern!r} not on the screen (rc {proc.poll()}); "
+                                     f"screen ends: {text[-2000:]}")
+            if select.select([master], [], [], min(left, 0.2))[0]:
+                try:
+                    out.extend(os.read(master, 1 << 16))
+                except OSError:  # the child closed the terminal
+                    pass
+
+    try:
+        read_until(rf"127\.0\.0\.1:{port} ", 30)  # the view's header
+        during = termios.tcgetattr(slave)
+        assert not during[3] & termios.ECHO and not during[3] & termios.ICANON
+        topic = unique("keys")
+        roundtrip("kafka-python", f"127.0.0.1:{port}", ["x"], topic=topic, group=unique("g"))
+        read_until(r"Fetch v\d+", 30)
+        del out[:]
+        os.write(master, b"\x1b[A")  # select the newest row
+        read_until(r"#\d+ selected", 10)
+        os.write(master, b"\r")  # open it
+        text = read_until(r"Esc back", 10)
+        assert re.search(r"header v\d", text) and "body v" in text, text[-2000:]
+        os.write(master, b"\x1b")  # back to the table
+        read_until(r"#\d+ selected: Enter opens", 10)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("kinspect proxy did not stop on Ctrl-C")
+        after = termios.tcgetattr(slave)
+        os.close(master)
+        os.close(slave)
+    assert rc == 0
+    assert after == before, "the terminal was not restored"

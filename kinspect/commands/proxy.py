@@ -58,7 +58,10 @@ def _optional_options(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("proxy", help="run the proxy between Kafka clients and a broker",
                        description="Forward Kafka traffic between clients and brokers, "
-                                   "decode every request and response, show them live.")
+                                   "decode every request and response, show them live. "
+                                   "In the live view, Up/Down select a row, Enter opens "
+                                   "its flow decoded, Esc goes back, End follows the "
+                                   "newest rows again.")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", type=hostport,
                    help="bootstrap broker to forward to")
     p.add_argument("--listen", default=("127.0.0.1", 19092), metavar="HOST:PORT", type=hostport,
@@ -154,7 +157,8 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
             print("kinspect: listening on %s:%d, forwarding to %s:%d" % (*proxy.address,
                   *proxy.config.upstream), file=sys.stderr, flush=True)
         else:
-            view.start()
+            # keys select and open rows when someone types at a terminal (stdin)
+            view.start(keys=sys.stdin.fileno() if _stdin_is_terminal() else None)
         if started is not None and not started.done():
             started.set_result(proxy.address)
         await stop.wait()
@@ -162,6 +166,13 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         await proxy.close()
         if len(ruleset):
             err_console.print(ruleset.table())
+
+
+def _stdin_is_terminal() -> bool:
+    try:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (ValueError, OSError):  # closed
+        return False
 
 
 def _install_signals(stop: asyncio.Event, again: asyncio.Event | None = None) -> None:
