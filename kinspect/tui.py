@@ -24,6 +24,7 @@ import atexit
 import logging
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -676,8 +677,10 @@ class KeyReader:
 
     :meth:`start` puts the terminal in cbreak mode (no echo, keys as they are typed;
     Ctrl-C still sends SIGINT) and :meth:`stop` (also run at exit) puts it back as it
-    was. A terminal that cannot be put in cbreak mode (not a terminal) is left
-    alone and no keys are read."""
+    was. A terminal that cannot be put in cbreak mode (not a terminal), or of which
+    this process is not in the foreground (``kinspect proxy &``: changing or reading
+    it would stop the process, SIGTTOU/SIGTTIN), is left alone and no keys are read;
+    keys are not read either while the process is in the background later."""
 
     def __init__(self, fd: int, on_key: Any):
         self.fd = fd
@@ -691,6 +694,8 @@ class KeyReader:
         import tty
 
         try:
+            if not self._foreground():
+                return self
             self._saved = termios.tcgetattr(self.fd)
             tty.setcbreak(self.fd, termios.TCSANOW)
         except (termios.error, OSError):
@@ -700,12 +705,27 @@ class KeyReader:
         self._thread.start()
         return self
 
+    def _foreground(self) -> bool:
+        """Whether this process is in the terminal's foreground process group (a
+        terminal that is not this process's controlling terminal has none, and
+        stops nobody: True)."""
+        try:
+            return os.tcgetpgrp(self.fd) == os.getpgrp()
+        except OSError:
+            return True
+
     def _run(self) -> None:
         while True:
             try:
-                ready, _, _ = select.select([self.fd, self._wake_r], [], [])
+                if not self._foreground():  # in the background now: wait for the front
+                    if select.select([self._wake_r], [], [], 0.5)[0]:
+                        return
+                    continue
+                ready, _, _ = select.select([self.fd, self._wake_r], [], [], 0.5)
                 if self._wake_r in ready:
                     return
+                if not ready:
+                    continue
                 data = os.read(self.fd, 64)
             except InterruptedError:
                 continue
@@ -734,12 +754,20 @@ class KeyReader:
         import termios
 
         saved, self._saved = self._saved, None
-        if saved is not None:
-            atexit.unregister(self._restore)
-            try:
-                termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
-            except (termios.error, OSError):
-                pass
+        if saved is None:
+            return
+        atexit.unregister(self._restore)
+        # from the background, tcsetattr would stop the process (SIGTTOU) unless the
+        # signal is ignored; the handler can only be changed on the main thread
+        main = threading.current_thread() is threading.main_thread()
+        old = signal.signal(signal.SIGTTOU, signal.SIG_IGN) if main else None
+        try:
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, saved)
+        except (termios.error, OSError):
+            pass
+        finally:
+            if main:
+                signal.signal(signal.SIGTTOU, old)
 
 
 def _encodable(text: str, encoding: str) -> str:

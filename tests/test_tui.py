@@ -614,10 +614,14 @@ def test_keys_at_a_terminal_open_a_flow_of_a_real_client_and_the_terminal_is_res
     assert before[3] & termios.ECHO and before[3] & termios.ICANON
     port = free_port()
     env = dict(os.environ, TERM="xterm-256color", COLUMNS="180", LINES="40")
-    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
-                             tansu.bootstrap, "--listen", f"127.0.0.1:{port}"],
-                            stdin=slave, stdout=slave, stderr=slave, env=env,
-                            start_new_session=True)
+    # the pty as the controlling terminal of a session of its own, in its foreground,
+    # as a shell starts a command (setsid, then TIOCSCTTY on the terminal)
+    start = ("import fcntl, os, sys, termios; os.setsid(); "
+             "fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+             "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
+    proc = subprocess.Popen([sys.executable, "-c", start, "-m", "kinspect", "proxy",
+                             "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}"],
+                            stdin=slave, stdout=slave, stderr=slave, env=env)
     out = bytearray()
 
     def read_until(pattern: str, timeout: float) -> str:
@@ -665,3 +669,88 @@ def test_keys_at_a_terminal_open_a_flow_of_a_real_client_and_the_terminal_is_res
         os.close(slave)
     assert rc == 0
     assert after == before, "the terminal was not restored"
+
+
+#: run the command in sys.argv[1:] in the background of a terminal (stdin), as a
+#: shell runs ``command &``: this process leads a session with the terminal as its
+#: controlling terminal and stays in the foreground; the command runs in a process
+#: group of its own. Signals INT and TERM are passed on to the command; exit status
+#: the command's, or 99 if it was stopped (SIGTTOU, SIGTTIN: then it is killed)
+_IN_THE_BACKGROUND = """
+import fcntl, os, signal, sys, termios
+os.setsid()
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+pid = os.fork()
+if pid == 0:
+    os.setpgid(0, 0)
+    os.execv(sys.executable, [sys.executable] + sys.argv[1:])
+os.setpgid(pid, pid)
+for sig in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(sig, lambda s, _: os.kill(pid, s))
+_, status = os.waitpid(pid, os.WUNTRACED)
+if os.WIFSTOPPED(status):
+    os.kill(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGCONT)
+    os.waitpid(pid, 0)
+    os._exit(99)
+os._exit(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_view_in_the_background_of_its_terminal_leaves_the_terminal_alone(tansu):
+    """``kinspect proxy &``: changing the terminal's mode, or reading it, from the
+    background would stop the process (SIGTTOU, SIGTTIN); the view reads no keys
+    there, and the proxy goes on serving."""
+    import fcntl
+    import pty
+    import signal
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    from proxyutil import exchange_sync, request_bytes
+
+    from kinspect.brokers import free_port
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 180, 0, 0))
+    before = termios.tcgetattr(slave)
+    port = free_port()
+    env = dict(os.environ, TERM="xterm-256color")
+    proc = subprocess.Popen([sys.executable, "-c", _IN_THE_BACKGROUND, "-m", "kinspect",
+                             "proxy", "--upstream", tansu.bootstrap, "--listen",
+                             f"127.0.0.1:{port}"],
+                            stdin=slave, stdout=slave, stderr=slave, env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                [resp] = exchange_sync("127.0.0.1", port, [request_bytes(18, 3, 9)])
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise AssertionError(f"the proxy did not serve (rc {proc.poll()}; "
+                                         "99: it was stopped, SIGTTOU or SIGTTIN)")
+                time.sleep(0.1)
+        assert resp[:4] == (9).to_bytes(4, "big")  # its correlation id
+        os.write(master, b"\x1b[A\r")  # keys for the foreground, not for the view
+        time.sleep(0.5)
+        assert proc.poll() != 99, "the proxy was stopped (SIGTTOU or SIGTTIN)"
+        assert termios.tcgetattr(slave) == before, "the terminal's mode was changed"
+        [resp] = exchange_sync("127.0.0.1", port, [request_bytes(18, 3, 10)])
+        assert resp[:4] == (10).to_bytes(4, "big")
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+        try:
+            rc = proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError("kinspect proxy did not stop on Ctrl-C")
+        after = termios.tcgetattr(slave)
+        os.close(master)
+        os.close(slave)
+    assert rc == 0
+    assert after == before
