@@ -145,10 +145,20 @@ class LiveView:
     """A pipeline addon drawing the flow table with rich ``Live``.
 
     Args:
-        proxy: the :class:`~kinspect.proxy.server.Proxy` (for totals).
+        proxy: the :class:`~kinspect.proxy.server.Proxy` (for totals); ``None`` for
+            flows read from a capture (:func:`browse`).
         console: rich console (default: stdout).
         keep: rows kept for display.
         match: optional filter (:class:`kinspect.filters.Filter`) selecting flows.
+        interactive: keys select rows and open flows (:meth:`key`; :meth:`start`
+            with ``keys`` sets it).
+        codec: decodes what an open flow's tree needs besides its decoded values
+            (default: the proxy's).
+        hold_bytes: bytes of frames of the flows behind the rows an interactive view
+            holds (``None``: no limit besides ``keep``).
+        on_quit: called on ``q`` at the table (default: ``q`` does nothing there).
+        bytes_limit: characters of keys, values and bytes fields an open flow's
+            tree shows (``None``: everything).
 
     Below the complete flows, each redraw shows the requests forwarded and still
     waiting for their responses, oldest first, on at most a third of the table's
@@ -161,13 +171,19 @@ class LiveView:
 
     def __init__(self, proxy: Any, console: Console | None = None, keep: int = 500,
                  refresh_per_second: float = 4.0, match: Filter | None = None,
-                 title: str = "kinspect", interactive: bool = False):
+                 title: str = "kinspect", interactive: bool = False, codec: Any = None,
+                 hold_bytes: int | None = HOLD_BYTES, on_quit: Any = None,
+                 bytes_limit: int | None = 64):
         self.proxy = proxy
         self.console = console or Console()
         self.keep = keep
         #: rows can be selected and opened (:meth:`key`); the flows behind the rows
-        #: are held for that (at most :data:`HOLD_BYTES` of frames)
+        #: are held for that (at most ``hold_bytes`` of frames)
         self.interactive = interactive
+        self.codec = codec if codec is not None else getattr(proxy, "codec", None)
+        self.hold_bytes = hold_bytes
+        self.on_quit = on_quit
+        self.bytes_limit = bytes_limit
         #: flow id of the selected row (``None``: none, the newest rows are followed)
         self.selected: int | None = None
         #: flow id of the flow shown in detail (``None``: the table is shown)
@@ -291,13 +307,14 @@ class LiveView:
 
     def _hold(self, flow: Flow, size: int) -> None:
         """Keep ``flow`` for its row's detail (under the lock); let the oldest held
-        flows go past ``keep`` flows or :data:`HOLD_BYTES` of frames."""
+        flows go past ``keep`` flows or ``hold_bytes`` of frames."""
         held = self._held
-        if size > HOLD_BYTES:
+        limit = self.hold_bytes
+        if limit is not None and size > limit:
             return
         held[flow.id] = flow
         self._held_bytes += size
-        while len(held) > self.keep or self._held_bytes > HOLD_BYTES:
+        while len(held) > self.keep or (limit is not None and self._held_bytes > limit):
             old = held.pop(next(iter(held)))
             self._held_bytes -= len(old.request) + len(old.response or b"")
 
@@ -309,7 +326,7 @@ class LiveView:
         with self._lock:
             waiting = list(self._waiting.values())
         now = time.time_ns()
-        codec = getattr(self.proxy, "codec", None)
+        codec = self.codec
         out = []
         for flow in waiting:
             if flow.response is not None:  # answered: shown complete at a next redraw
@@ -342,6 +359,14 @@ class LiveView:
 
     def header(self) -> Text:
         p = self.proxy
+        if p is None:  # a capture's flows
+            t = Text()
+            t.append(f" {self.title} ", style="bold reverse")
+            if self.selected is not None:
+                t.append(f"   #{self.selected} selected")
+            t.append(f"   {self._arrows()}/PgUp/PgDn/Home/End select, Enter opens   q quits",
+                     style="dim")
+            return t
         s = p.stats
         now = time.monotonic()
         up = "%s:%d" % p.config.upstream
@@ -476,6 +501,9 @@ class LiveView:
                 self._table_key(name)
 
     def _table_key(self, name: str) -> None:
+        if name == "q" and self.on_quit is not None:
+            self.on_quit()
+            return
         kept = list(self._rows)
         if name in ("end", "G", "f", "esc"):
             self.selected = None
@@ -550,10 +578,11 @@ class LiveView:
             if flow is None:
                 what: Any = Text(f"flow #{detail} is not held any more: the view holds the "
                                  f"flows of its last {self.keep} rows, at most "
-                                 f"{HOLD_BYTES >> 20} MiB of frames", style="yellow")
+                                 f"{(self.hold_bytes or 0) >> 20} MiB of frames",
+                                 style="yellow")
             else:
-                what = flow_tree(flow, getattr(self.proxy, "codec", None),
-                                 topic_ids=self.topic_ids)
+                what = flow_tree(flow, self.codec, topic_ids=self.topic_ids,
+                                 limit=self.bytes_limit)
             lines = self.console.render_lines(what, options, pad=False)
             with self._lock:
                 if self.detail == detail:
@@ -577,6 +606,43 @@ class LiveView:
         # the screen's height would be cropped: the newest ones, at the bottom)
         rows = height - len(header.wrap(console, width)) - 2
         return Group(header, self.table(max(rows, 3)))
+
+
+def browse(flows: list[Flow], title: str, *, codec: Any = None,
+           topic_ids: TopicIds | None = None, console: Console | None = None,
+           keys: int | None = None, bytes_limit: int | None = 64) -> None:
+    """Browse flows read from a capture at a terminal, as the live view's keys do
+    (:meth:`LiveView.key`), starting at the first flow, until ``q`` (or Ctrl-C).
+
+    Args:
+        flows: the flows, in order (all held: a capture's are in memory already).
+        title: the header's text.
+        codec: for the open flows' trees.
+        topic_ids: topic ids learnt from the capture (for ``~topic`` names).
+        console: rich console (default: stdout's).
+        keys: file descriptor of the terminal to read keys from (default: stdin's).
+        bytes_limit: as :class:`LiveView`'s.
+    """
+    done = threading.Event()
+    view = LiveView(None, console=console, keep=max(len(flows), 1), title=title,
+                    interactive=True, codec=codec, hold_bytes=None, on_quit=done.set,
+                    bytes_limit=bytes_limit)
+    if topic_ids is not None:
+        view.topic_ids = topic_ids
+    for flow in flows:
+        view.on_flow(flow)
+    view._render(None)
+    if flows:
+        view.key("home")
+    view.start(keys=sys.stdin.fileno() if keys is None else keys)
+    try:
+        while not done.wait(0.2):
+            if view._keys is None or not view._keys.reading:
+                break  # no keys to read (the terminal went away)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        view.close()
 
 
 class TableLines:
@@ -704,6 +770,11 @@ class KeyReader:
         atexit.register(self._restore)  # (should the process end without stop())
         self._thread.start()
         return self
+
+    @property
+    def reading(self) -> bool:
+        """Whether keys are being read (the terminal is in cbreak mode)."""
+        return self._thread.is_alive()
 
     def _foreground(self) -> bool:
         """Whether this process is in the terminal's foreground process group (a

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import time
 
 from clients import roundtrip_async
@@ -13,6 +14,9 @@ from rich.console import Console
 from kinspect.filters import parse
 from kinspect.show import COLUMNS
 from kinspect.tui import LinePrinter, LiveView, _Rate
+
+#: the committed example capture (kafka-python through the real proxy into Tansu)
+EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "captures", "example.jsonl")
 
 
 async def test_live_view_and_line_printer_show_real_flows(tansu, unique):
@@ -589,102 +593,27 @@ def test_a_view_that_is_not_interactive_ignores_keys_and_holds_no_flow():
     assert view.selected is None and view.detail is None and not view._held
 
 
-def test_keys_at_a_terminal_open_a_flow_of_a_real_client_and_the_terminal_is_restored(
-        tansu, unique):
-    """``kinspect proxy`` on a terminal (a pty) with a real client's flows: the
-    arrow keys and Enter open a flow decoded; the terminal is in cbreak mode (no
-    echo) while it runs, and as it was after Ctrl-C."""
-    import fcntl
-    import pty
-    import re
-    import select
-    import signal
-    import struct
-    import subprocess
-    import sys
-    import termios
-
-    from clients import roundtrip
-
-    from kinspect.brokers import free_port
-
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 180, 0, 0))
-    before = termios.tcgetattr(slave)
-    assert before[3] & termios.ECHO and before[3] & termios.ICANON
-    port = free_port()
-    env = dict(os.environ, TERM="xterm-256color", COLUMNS="180", LINES="40")
-    # the pty as the controlling terminal of a session of its own, in its foreground,
-    # as a shell starts a command (setsid, then TIOCSCTTY on the terminal)
-    start = ("import fcntl, os, sys, termios; os.setsid(); "
-             "fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-             "os.execv(sys.executable, [sys.executable] + sys.argv[1:])")
-    proc = subprocess.Popen([sys.executable, "-c", start, "-m", "kinspect", "proxy",
-                             "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}"],
-                            stdin=slave, stdout=slave, stderr=slave, env=env)
-    out = bytearray()
-
-    def read_until(pattern: str, timeout: float) -> str:
-        deadline = time.monotonic() + timeout
-        while True:
-            text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.decode("utf-8", "replace"))
-            if re.search(pattern, text):
-                return text
-            left = deadline - time.monotonic()
-            if left <= 0 or proc.poll() is not None:
-                raise AssertionError(f"{pattern!r} not on the screen (rc {proc.poll()}); "
-                                     f"screen ends: {text[-2000:]}")
-            if select.select([master], [], [], min(left, 0.2))[0]:
-                try:
-                    out.extend(os.read(master, 1 << 16))
-                except OSError:  # the child closed the terminal
-                    pass
-
-    try:
-        read_until(rf"127\.0\.0\.1:{port} ", 30)  # the view's header
-        during = termios.tcgetattr(slave)
-        assert not during[3] & termios.ECHO and not during[3] & termios.ICANON
-        topic = unique("keys")
-        roundtrip("kafka-python", f"127.0.0.1:{port}", ["x"], topic=topic, group=unique("g"))
-        read_until(r"Fetch v\d+", 30)
-        del out[:]
-        os.write(master, b"\x1b[A")  # select the newest row
-        read_until(r"#\d+ selected", 10)
-        os.write(master, b"\r")  # open it
-        text = read_until(r"Esc back", 10)
-        assert re.search(r"header v\d", text) and "body v" in text, text[-2000:]
-        os.write(master, b"\x1b")  # back to the table
-        read_until(r"#\d+ selected: Enter opens", 10)
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise AssertionError("kinspect proxy did not stop on Ctrl-C")
-        after = termios.tcgetattr(slave)
-        os.close(master)
-        os.close(slave)
-    assert rc == 0
-    assert after == before, "the terminal was not restored"
-
-
-#: run the command in sys.argv[1:] in the background of a terminal (stdin), as a
-#: shell runs ``command &``: this process leads a session with the terminal as its
-#: controlling terminal and stays in the foreground; the command runs in a process
-#: group of its own. Signals INT and TERM are passed on to the command; exit status
-#: the command's, or 99 if it was stopped (SIGTTOU, SIGTTIN: then it is killed)
-_IN_THE_BACKGROUND = """
+#: run the command in sys.argv[1:] at a terminal (stdin) as a shell runs it: this
+#: process leads a session with the terminal as its controlling terminal, and the
+#: command runs in a process group of its own, in the terminal's foreground, or with
+#: "--background" first in the arguments, in the background (``command &``: this
+#: process's group stays in the foreground). Signals INT and TERM are passed on to
+#: the command. Exit status: the command's, or 99 if it was stopped (SIGTTOU or
+#: SIGTTIN; it is then killed).
+_AT_A_TERMINAL = """
 import fcntl, os, signal, sys, termios
+background = sys.argv[1] == "--background"
+argv = sys.argv[2 if background else 1:]
 os.setsid()
 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
 pid = os.fork()
 if pid == 0:
     os.setpgid(0, 0)
-    os.execv(sys.executable, [sys.executable] + sys.argv[1:])
-os.setpgid(pid, pid)
+    if not background:
+        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
+        os.tcsetpgrp(0, os.getpgrp())
+        signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+    os.execv(sys.executable, [sys.executable] + argv)
 for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, lambda s, _: os.kill(pid, s))
 _, status = os.waitpid(pid, os.WUNTRACED)
@@ -697,31 +626,129 @@ os._exit(os.waitstatus_to_exitcode(status))
 """
 
 
+class Terminal:
+    """A pty of 40 x 180 cells running ``python -m kinspect ARGS`` (see
+    :data:`_AT_A_TERMINAL`); what it writes is kept, with escape sequences removed.
+    :meth:`close` stops it (Ctrl-C) and returns its exit status."""
+
+    def __init__(self, *args: str, background: bool = False):
+        import fcntl
+        import pty
+        import struct
+        import subprocess
+        import sys
+        import termios
+
+        self.master, self.slave = pty.openpty()
+        fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 180, 0, 0))
+        self.before = termios.tcgetattr(self.slave)
+        self.out = bytearray()
+        env = dict(os.environ, TERM="xterm-256color")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _AT_A_TERMINAL] + (["--background"] if background else [])
+            + ["-m", "kinspect", *args],
+            stdin=self.slave, stdout=self.slave, stderr=self.slave, env=env)
+
+    def mode(self) -> list:
+        import termios
+
+        return termios.tcgetattr(self.slave)
+
+    def type(self, keys: bytes) -> None:
+        os.write(self.master, keys)
+
+    def screen(self) -> str:
+        import re
+
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", self.out.decode("utf-8", "replace"))
+
+    def read_until(self, pattern: str, timeout: float = 30) -> str:
+        """The screen once ``pattern`` (a regular expression) is on it."""
+        import re
+        import select
+
+        deadline = time.monotonic() + timeout
+        while True:
+            text = self.screen()
+            if re.search(pattern, text):
+                return text
+            left = deadline - time.monotonic()
+            if left <= 0 or self.proc.poll() is not None:
+                raise AssertionError(f"{pattern!r} not on the screen (rc {self.proc.poll()}"
+                                     f"; 99: stopped); the screen ends: {text[-2000:]}")
+            if select.select([self.master], [], [], min(left, 0.2))[0]:
+                try:
+                    self.out.extend(os.read(self.master, 1 << 16))
+                except OSError:  # the command closed the terminal
+                    pass
+
+    def close(self) -> int:
+        """Ctrl-C (if still running), wait for the exit (failing after 30 s), and
+        close the pty; the exit status. ``after`` holds the terminal's mode then."""
+        import signal
+        import subprocess
+
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGINT)
+            try:
+                return self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError("kinspect did not stop on Ctrl-C") from None
+        finally:
+            self.after = self.mode()
+            os.close(self.master)
+            os.close(self.slave)
+
+
+def test_keys_at_a_terminal_open_a_flow_of_a_real_client_and_the_terminal_is_restored(
+        tansu, unique):
+    """``kinspect proxy`` on a terminal (a pty) with a real client's flows: the
+    arrow keys and Enter open a flow decoded; the terminal is in cbreak mode (no
+    echo) while it runs, and as it was after Ctrl-C."""
+    import termios
+
+    from clients import roundtrip
+
+    from kinspect.brokers import free_port
+
+    port = free_port()
+    term = Terminal("proxy", "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}")
+    assert term.before[3] & termios.ECHO and term.before[3] & termios.ICANON
+    try:
+        term.read_until(rf"127\.0\.0\.1:{port} ")  # the view's header
+        during = term.mode()
+        assert not during[3] & termios.ECHO and not during[3] & termios.ICANON
+        roundtrip("kafka-python", f"127.0.0.1:{port}", ["x"], topic=unique("keys"),
+                  group=unique("g"))
+        term.read_until(r"Fetch v\d+")
+        del term.out[:]
+        term.type(b"\x1b[A")  # select the newest row
+        term.read_until(r"#\d+ selected", 10)
+        term.type(b"\r")  # open it
+        text = term.read_until(r"Esc back", 10)
+        assert re.search(r"header v\d", text) and "body v" in text, text[-2000:]
+        term.type(b"\x1b")  # back to the table
+        term.read_until(r"#\d+ selected: Enter opens", 10)
+    finally:
+        rc = term.close()
+    assert rc == 0
+    assert term.after == term.before, "the terminal was not restored"
+
+
 def test_a_view_in_the_background_of_its_terminal_leaves_the_terminal_alone(tansu):
     """``kinspect proxy &``: changing the terminal's mode, or reading it, from the
     background would stop the process (SIGTTOU, SIGTTIN); the view reads no keys
     there, and the proxy goes on serving."""
-    import fcntl
-    import pty
-    import signal
-    import struct
-    import subprocess
-    import sys
-    import termios
-
     from proxyutil import exchange_sync, request_bytes
 
     from kinspect.brokers import free_port
 
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 180, 0, 0))
-    before = termios.tcgetattr(slave)
     port = free_port()
-    env = dict(os.environ, TERM="xterm-256color")
-    proc = subprocess.Popen([sys.executable, "-c", _IN_THE_BACKGROUND, "-m", "kinspect",
-                             "proxy", "--upstream", tansu.bootstrap, "--listen",
-                             f"127.0.0.1:{port}"],
-                            stdin=slave, stdout=slave, stderr=slave, env=env)
+    term = Terminal("proxy", "--upstream", tansu.bootstrap, "--listen", f"127.0.0.1:{port}",
+                    background=True)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -729,28 +756,60 @@ def test_a_view_in_the_background_of_its_terminal_leaves_the_terminal_alone(tans
                 [resp] = exchange_sync("127.0.0.1", port, [request_bytes(18, 3, 9)])
                 break
             except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise AssertionError(f"the proxy did not serve (rc {proc.poll()}; "
+                if time.monotonic() > deadline or term.proc.poll() is not None:
+                    raise AssertionError(f"the proxy did not serve (rc {term.proc.poll()}; "
                                          "99: it was stopped, SIGTTOU or SIGTTIN)")
                 time.sleep(0.1)
         assert resp[:4] == (9).to_bytes(4, "big")  # its correlation id
-        os.write(master, b"\x1b[A\r")  # keys for the foreground, not for the view
+        term.type(b"\x1b[A\r")  # keys for the foreground, not for the view
         time.sleep(0.5)
-        assert proc.poll() != 99, "the proxy was stopped (SIGTTOU or SIGTTIN)"
-        assert termios.tcgetattr(slave) == before, "the terminal's mode was changed"
+        assert term.proc.poll() != 99, "the proxy was stopped (SIGTTOU or SIGTTIN)"
+        assert term.mode() == term.before, "the terminal's mode was changed"
         [resp] = exchange_sync("127.0.0.1", port, [request_bytes(18, 3, 10)])
         assert resp[:4] == (10).to_bytes(4, "big")
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        try:
-            rc = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise AssertionError("kinspect proxy did not stop on Ctrl-C")
-        after = termios.tcgetattr(slave)
-        os.close(master)
-        os.close(slave)
+        rc = term.close()
     assert rc == 0
-    assert after == before
+    assert term.after == term.before
+
+
+def test_a_capture_is_browsed_with_the_keys_at_a_terminal():
+    """``kinspect show CAPTURE --browse``: the first flow selected, Enter opens it,
+    n the next one, Esc back, q quits; the terminal as it was."""
+    from kinspect.capture import load_capture
+
+    flows = load_capture(EXAMPLE).flows
+    first, second = flows[0], flows[1]
+    term = Terminal("show", EXAMPLE, "--browse")
+    try:
+        term.read_until(rf"#{first.id} selected")
+        term.read_until(r"q quits")
+        del term.out[:]
+        term.type(b"\r")
+        text = term.read_until(r"Esc back", 10)
+        assert f"#{first.id} {first.api_name} v{first.api_version}" in text
+        assert re.search(r"header v\d", text) and f"ClientId: '{first.client_id}'" in text
+        del term.out[:]
+        term.type(b"n")
+        term.read_until(rf"#{second.id} {second.api_name} v{second.api_version}", 10)
+        term.type(b"\x1b")
+        term.read_until(rf"#{second.id} selected", 10)
+        term.type(b"q")
+        rc = term.proc.wait(30)
+    finally:
+        if term.proc.poll() is None:
+            term.close()
+            raise AssertionError("q did not quit")
+        term.close()
+    assert rc == 0
+    assert term.after == term.before, "the terminal was not restored"
+
+
+def test_browse_needs_a_terminal():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "kinspect", "show", EXAMPLE, "--browse"],
+                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    assert proc.returncode == 2
+    assert "--browse: needs a terminal" in proc.stderr

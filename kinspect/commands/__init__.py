@@ -92,6 +92,14 @@ def positive_size(text: str) -> int:
     return value
 
 
+def is_terminal(stream) -> bool:
+    """Whether ``stream`` (``sys.stdin``, ``sys.stdout``) is an open terminal."""
+    try:
+        return stream is not None and stream.isatty()
+    except (ValueError, OSError):  # closed
+        return False
+
+
 def check_capture_found(path: str) -> None:
     """Raise :class:`FileNotFoundError` saying "did you mean captures/NAME?" when the
     capture ``path`` (a bare name) does not exist but ``captures/NAME`` does: where

@@ -14,6 +14,7 @@ from . import (
     add_spec_options,
     api_names,
     hostport,
+    is_terminal,
     make_codec,
     nonnegative_float,
     positive_float,
@@ -158,7 +159,7 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
                   *proxy.config.upstream), file=sys.stderr, flush=True)
         else:
             # keys select and open rows when someone types at a terminal (stdin)
-            view.start(keys=sys.stdin.fileno() if _stdin_is_terminal() else None)
+            view.start(keys=sys.stdin.fileno() if is_terminal(sys.stdin) else None)
         if started is not None and not started.done():
             started.set_result(proxy.address)
         await stop.wait()
@@ -166,13 +167,6 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         await proxy.close()
         if len(ruleset):
             err_console.print(ruleset.table())
-
-
-def _stdin_is_terminal() -> bool:
-    try:
-        return sys.stdin is not None and sys.stdin.isatty()
-    except (ValueError, OSError):  # closed
-        return False
 
 
 def _install_signals(stop: asyncio.Event, again: asyncio.Event | None = None) -> None:

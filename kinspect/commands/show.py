@@ -7,6 +7,11 @@ Examples::
     kinspect show captures/example.jsonl --errors
     kinspect show captures/example.jsonl --flow 11
     kinspect show captures/example.jsonl --flow 11 --format json
+    kinspect show captures/example.jsonl --browse
+
+``--browse`` pages through the flow table at a terminal: Up/Down, PgUp/PgDn,
+Home/End select a row, Enter opens its flow decoded (n/p: the next or previous
+flow, Esc: back to the table), q quits.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from . import (
     api_names,
     capture_path,
     check_capture_found,
+    is_terminal,
     make_codec,
     nonnegative_int,
     plain_help,
@@ -39,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="only flows with a non-zero error code (same as --filter '~err')")
     p.add_argument("--flow", type=int, action="append", metavar="N",
                    help="print flow N fully decoded (repeatable)")
+    p.add_argument("--browse", "-b", action="store_true",
+                   help="page through the table at a terminal and open flows with "
+                        "the keys (Up/Down, Enter, Esc, q)")
     p.add_argument("--format", choices=("table", "json"), default="table",
                    help="table/tree (default) or JSON")
     p.add_argument("--bytes-limit", type=nonnegative_int, default=None, metavar="N",
@@ -62,6 +71,12 @@ def run(args: argparse.Namespace) -> int:
         args.usage_error(f"argument --flow: not allowed with argument "
                          f"{'--filter' if args.filter else '--errors'} (--flow N prints "
                          f"flow N whatever it is; filters choose the rows of the table)")
+    if args.browse:
+        if args.flow or args.format == "json":
+            args.usage_error("argument --browse: not allowed with argument "
+                             f"{'--flow' if args.flow else '--format json'}")
+        if not (is_terminal(sys.stdin) and is_terminal(sys.stdout)):
+            args.usage_error("argument --browse: needs a terminal (stdin and stdout)")
     # parsed before reading the file, each on its own: pasted into one expression, the
     # user's filter could close the parenthesis around it ("~api A) | (~api B" parsed)
     # and its errors would name positions in a text the user did not write
@@ -111,6 +126,10 @@ def run(args: argparse.Namespace) -> int:
     # (printable: the session line's upstream is the capture file's text, as the rows are)
     title = printable(f"{args.capture}: {len(flows)} of {len(cap.flows)} flows"
                       + (f" · upstream {sess.get('upstream')}" if sess.get("upstream") else ""))
+    if args.browse:
+        from ..tui import browse
+
+        browse(flows, title, codec=codec, topic_ids=ids, bytes_limit=limit)
+        return 0
     console.print(flow_table(flows, ids, title=title))
     return 0
-
