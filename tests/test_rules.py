@@ -794,3 +794,268 @@ def test_rule_errors_are_all_counted_and_noted_but_logged_sparingly(codec, caplo
     logged = [r for r in caplog.records if r.name == "kinspect.rules"]
     assert len(logged) == LOG_FIRST + 1 + 1  # the first ones, the notice, the 1000th
     assert "1 in 1000" in logged[LOG_FIRST].getMessage()
+
+
+# -- found in review (session 20b) --------------------------------------------------
+#
+# Frames built by hand, byte by byte, from the Kafka message specs (MetadataRequest /
+# MetadataResponse v12, flexible: KIP-482 compact lengths and tag sections), so that
+# the expected bytes do not come from the codec under test.
+
+
+def metadata_v12_request(topics_length: bytes) -> bytes:
+    """A Metadata v12 request asking for topic "a", with the Topics compact-array
+    length written as ``topics_length`` (``02`` minimal; ``82 00`` is the same
+    value, 2 = 1 element + 1, in two bytes, which Kafka's varint reader accepts)."""
+    return (b"\x00\x03" + b"\x00\x0c"      # RequestApiKey 3 (Metadata), RequestApiVersion 12
+            + b"\x00\x00\x00\x29"           # CorrelationId 41
+            + b"\x00\x03abc"                # ClientId: int16 length + text, non-compact in v2
+            + b"\x00"                       # header tag section: no tags
+            + topics_length                 # Topics: 1 element
+            + bytes(16)                     #   TopicId: the zero uuid
+            + b"\x02a"                      #   Name: compact string "a"
+            + b"\x00"                       #   topic tag section: no tags
+            + b"\x01"                       # AllowAutoTopicCreation: true
+            + b"\x00"                       # IncludeTopicAuthorizedOperations: false
+            + b"\x00")                      # top-level tag section: no tags
+
+
+METADATA_V12_REQUEST_HEADER_TAGS_AT = 13  # 2 + 2 + 4 + (2 + 3) header bytes before it
+
+
+def metadata_v12_response(topic_tags: bytes = b"\x00", is_internal: int = 1) -> bytes:
+    """A Metadata v12 response with one topic "a", its IsInternal byte and tag section
+    as given, and an empty top-level tag section as its last byte."""
+    return (b"\x00\x00\x00\x29" + b"\x00"  # response header v1: CorrelationId 41, no tags
+            + b"\x00\x00\x00\x00"           # ThrottleTimeMs 0
+            + b"\x01"                       # Brokers: compact array of 0 elements
+            + b"\x00"                       # ClusterId: null compact string
+            + b"\xff\xff\xff\xff"           # ControllerId -1
+            + b"\x02"                       # Topics: 1 element
+            + b"\x00\x00"                   #   ErrorCode 0
+            + b"\x02a"                      #   Name "a"
+            + bytes(16)                     #   TopicId: the zero uuid
+            + bytes([is_internal])          #   IsInternal (Kafka reads any non-zero as true)
+            + b"\x01"                       #   Partitions: 0 elements
+            + b"\x80\x00\x00\x00"           #   TopicAuthorizedOperations -2^31 (its default)
+            + topic_tags                    #   topic tag section
+            + b"\x00")                      # top-level tag section: no tags
+
+
+#: a topic tag section holding unknown tags 10 (data bb) and 20 (data aa): count 2,
+#: then (tag, size, data) each, ascending as Kafka writes them, or descending
+TAGS_10_20 = b"\x02" + b"\x0a\x01\xbb" + b"\x14\x01\xaa"
+TAGS_20_10 = b"\x02" + b"\x14\x01\xaa" + b"\x0a\x01\xbb"
+#: the top-level tag section after injecting tag 99 (0x63) with data ca fe
+TOP_99 = b"\x01" + b"\x63\x02\xca\xfe"
+
+
+def test_a_header_inject_changes_only_the_header_tag_section(codec):
+    """The canonical twin of the frame below: the rule's bytes land in the header's
+    tag section, every other byte as sent."""
+    frame = metadata_v12_request(b"\x02")
+    rs = rules(codec, "inject Metadata:request:header:tag=5:hex=aa")
+    new = rs.mutate_request(flow_for(codec, METADATA, 12), frame)
+    at = METADATA_V12_REQUEST_HEADER_TAGS_AT
+    assert new == frame[:at] + b"\x01" + b"\x05\x01\xaa" + frame[at + 1:]
+    assert rs.rules[0].stats.applied == 1
+
+
+def test_a_frame_re_encoding_would_change_is_forwarded_as_sent(codec):
+    """Losslessness: a rule re-encoded the whole frame, so a length the client wrote
+    as a non-minimal varint (82 00) came out as 02 although the rule only touched the
+    header's tag section. Such a frame is now left alone, counted under errors (not
+    applied) and noted on its flow."""
+    frame = metadata_v12_request(b"\x82\x00")
+    assert codec.decode_request(frame).body.Topics[0].Name == "a"  # a valid frame
+    rs = rules(codec, "inject Metadata:request:header:tag=5:hex=aa")
+    flow = flow_for(codec, METADATA, 12)
+    assert rs.mutate_request(flow, frame) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.applied, s.no_target, s.errors, rs.errors) == (1, 0, 0, 1, 1)
+    assert len(flow.notes) == 1
+    assert "not in the encoding kinspect writes" in flow.notes[0]
+    assert "offset 14" in flow.notes[0]  # the Topics length, after the header's tags
+
+
+@pytest.mark.parametrize(("topic_tags", "is_internal"), [
+    pytest.param(TAGS_20_10, 1, id="unknown-tags-out-of-order"),
+    pytest.param(TAGS_10_20, 2, id="boolean-byte-2"),
+])
+def test_a_response_re_encoding_would_change_is_forwarded_as_sent(codec, topic_tags,
+                                                                   is_internal):
+    """A top-level inject must not sort the unknown tags of a topic it never targeted
+    nor turn an IsInternal byte 02 into 01."""
+    rs = rules(codec, "inject Metadata:response:top:tag=99:hex=cafe")
+    twin = metadata_v12_response(TAGS_10_20, 1)
+    new = rs.mutate_response(flow_for(codec, METADATA, 12), twin)
+    assert new == twin[:-1] + TOP_99  # the canonical twin: only the last section changes
+
+    odd = metadata_v12_response(topic_tags, is_internal)
+    codec.decode_response(odd, METADATA, 12)  # a valid frame
+    flow = flow_for(codec, METADATA, 12)
+    assert rs.mutate_response(flow, odd) is None
+    s = rs.rules[0].stats
+    assert (s.matched, s.applied, s.errors) == (2, 1, 1)
+    assert any("not in the encoding kinspect writes" in n for n in flow.notes), flow.notes
+
+    # a rule with nothing to do there is no error: the frame is not its business
+    idle = rules(codec, "inject Metadata:response:Topics[3]:tag=99")
+    flow = flow_for(codec, METADATA, 12)
+    assert idle.mutate_response(flow, odd) is None
+    s = idle.rules[0].stats
+    assert (s.matched, s.applied, s.no_target, s.errors) == (1, 0, 1, 0)
+    assert flow.notes == []
+
+
+def test_rules_apply_in_command_line_order(codec):
+    """--strip ... --inject ...: the strip runs first (it always ran after every
+    --inject, and removed the injected tag again)."""
+    args = parse_args("--strip", "Metadata:response:Topics[]:unknown",
+                      "--inject", "Metadata:response:Topics[]:tag=99:hex=cafe")
+    rs = RuleSet(rules_from_args(args), codec)
+    assert [r.label for r in rs.rules] == ["--strip #1", "--inject #1"]
+    frame = metadata_v12_response(b"\x01" + b"\x05\x01\xee")  # unknown tag 5 in the topic
+    new = rs.mutate_response(flow_for(codec, METADATA, 12), frame)
+    assert new == metadata_v12_response(TOP_99)  # tag 5 gone, tag 99 (ca fe) there
+    assert [r.stats.applied for r in rs.rules] == [1, 1]
+
+
+def test_rules_files_and_flags_interleave_in_command_line_order(tmp_path):
+    path = tmp_path / "r.json5"
+    path.write_text("[{api: 'Metadata', direction: 'response', strip: 'unknown'},"
+                    " {api: 'Metadata', direction: 'response', inject: {tag: 7}}]")
+    args = parse_args("--inject", "Metadata:response:top:tag=1", "--rules", str(path),
+                      "--strip", "Metadata:response:top:all", "--inject",
+                      "Metadata:response:top:tag=2")
+    assert [r.label for r in rules_from_args(args)] == [
+        "--inject #1", "r.json5 #1", "r.json5 #2", "--strip #1", "--inject #2"]
+    # a namespace built without add_rules_options: files, injects, strips
+    bare = argparse.Namespace(rules=[str(path)], inject=["Metadata:response:top:tag=1"],
+                              strip=["Metadata:response:top:all"])
+    assert [r.label for r in rules_from_args(bare)] == [
+        "r.json5 #1", "r.json5 #2", "--inject #1", "--strip #1"]
+
+
+def test_changes_that_cancel_out_are_not_applied(codec):
+    """An inject undone by a later strip sends the frame as received: the frame is
+    not replaced (the proxy would flag the flow 'mutated'), and no rule counts as
+    applied; the note says why."""
+    args = parse_args("--inject", "Metadata:response:Topics[]:tag=99:hex=cafe",
+                      "--strip", "Metadata:response:Topics[]:unknown")
+    rs = RuleSet(rules_from_args(args), codec)
+    flow = flow_for(codec, METADATA, 12)
+    assert rs.mutate_response(flow, metadata_v12_response()) is None
+    assert [(r.stats.matched, r.stats.applied, r.stats.no_target, r.stats.errors)
+            for r in rs.rules] == [(1, 0, 1, 0), (1, 0, 1, 0)]
+    assert flow.notes == ["rules --inject #1, --strip #1: their changes cancel out; "
+                          "forwarded unchanged"]
+
+
+async def test_rule_order_through_the_proxy(tansu):
+    """End to end, kafka-python through the proxy to Tansu: with --strip before
+    --inject the client gets tag 99 in every topic of the Metadata answers; with the
+    inject first, the strip undoes it and no flow is flagged 'mutated'."""
+    from clients import roundtrip_async
+    from proxyutil import Recorder
+
+    from kinspect.flows import MUTATED
+    from kinspect.proxy.server import parse_hostport
+
+    inject = "Metadata:response:Topics[]:tag=99:hex=cafe"
+    strip = "Metadata:response:Topics[]:unknown"
+    for argv, reaches in (
+            (("--strip", strip, "--inject", inject), True),
+            (("--inject", inject, "--strip", strip), False)):
+        codec = Codec()
+        proxy = Proxy(ProxyConfig(upstream=parse_hostport(tansu.bootstrap)), codec=codec)
+        recorder = Recorder()
+        proxy.pipeline.add(recorder)
+        rs = install_rules(parse_args(*argv), proxy, codec, None)
+        await proxy.start()
+        topic = f"order-{int(reaches)}"
+        try:
+            got = await roundtrip_async("kafka-python", "{}:{}".format(*proxy.address),
+                                        ["v"], topic=topic, group=f"{topic}-g", timeout=40)
+        finally:
+            await proxy.close()
+        assert got == ["v"]
+        answers = [f for f in recorder.flows if f.api_name == "Metadata"
+                   and f.api_version >= 9 and f.response_decoded.body.Topics]
+        assert answers
+        mutated = [f for f in answers if MUTATED in f.flags]
+        if reaches:
+            assert mutated == answers
+            for f in answers:
+                sent = codec.decode_response(f.response_sent, METADATA, f.api_version)
+                assert all(t.unknown_tags == {99: b"\xca\xfe"} for t in sent.body.Topics)
+            assert rs.rules[1].stats.applied == len(answers)
+        else:
+            assert mutated == []
+            for f in answers:  # (response_sent: the frame with its addresses rewritten)
+                sent = codec.decode_response(f.response_sent or f.response, METADATA,
+                                             f.api_version)
+                assert all(t.unknown_tags == {} for t in sent.body.Topics)
+            assert [r.stats.applied for r in rs.rules] == [0, 0]
+            assert all(r.stats.errors == 0 for r in rs.rules)
+
+
+@pytest.mark.parametrize(("set_", "field", "reason"), [
+    ({"field": "FinalizedFeaturesEpoch", "value": 2 ** 70}, "FinalizedFeaturesEpoch",
+     "not a valid int64"),
+    ({"field": "FinalizedFeaturesEpoch", "value": None}, "FinalizedFeaturesEpoch",
+     "not a valid int64"),
+])
+def test_set_values_the_codec_cannot_write_are_rejected_at_start_up(codec, set_, field, reason):
+    """Accepted at start-up, they failed on every frame (counted under errors)."""
+    with pytest.raises(RuleError) as info:
+        RuleSet([rule_from_dict({"api": "ApiVersions", "direction": "response",
+                                 "set": set_}, "r.json5 #4")], codec)
+    text = str(info.value)
+    assert "r.json5 #4" in text and field in text and reason in text
+
+
+def test_a_nested_set_value_out_of_range_is_rejected_at_start_up(codec):
+    with pytest.raises(RuleError) as info:
+        RuleSet([rule_from_dict({
+            "api": "Fetch", "direction": "response", "place": "Responses[].Partitions[]",
+            "set": {"field": "CurrentLeader", "value": {"LeaderId": 99999999999}}},
+            "r.json5 #2")], codec)
+    text = str(info.value)
+    assert "r.json5 #2" in text and "CurrentLeader.LeaderId" in text
+    assert "not a valid int32" in text
+    # in range, it is written
+    RuleSet([rule_from_dict({
+        "api": "Fetch", "direction": "response", "place": "Responses[].Partitions[]",
+        "set": {"field": "CurrentLeader", "value": {"LeaderId": 2 ** 31 - 1}}}, "ok")], codec)
+
+
+@pytest.mark.parametrize(("rule", "said"), [
+    pytest.param("inject: {tag: 100, string: null}", "null", id="string-null"),
+    pytest.param("inject: {tag: 100, hex: 12}", "expected text", id="hex-number"),
+    pytest.param("inject: {tag: 100, bytes: 12}", "expected text", id="bytes-number"),
+    pytest.param("inject: {tag: 100, string: 12}", "expected text", id="string-number"),
+    pytest.param("inject: {tag: 100, hex: null}", "null", id="hex-null"),
+    pytest.param("inject: {tag: 100, int32: null}", "null", id="int32-null"),
+    pytest.param("inject: {tag: 100, int32: true}", "boolean", id="int32-bool"),
+    pytest.param("inject: {tag: 100, uuid: 7}", "expected text", id="uuid-number"),
+    pytest.param("place: null, inject: {tag: 100}", "'place' must be text", id="place-null"),
+    pytest.param("set: {field: null, value: 1}", "'field' must be text", id="field-null"),
+])
+def test_null_and_numbers_are_not_turned_into_text(tmp_path, rule, said):
+    """{string: null} injected the text "None", {hex: 12} the byte 0x12."""
+    path = tmp_path / "r.json5"
+    path.write_text("[{api: 'Metadata', direction: 'response', %s}]" % rule)
+    with pytest.raises(RuleError) as info:
+        load_rules_file(path)
+    assert "r.json5 #1" in str(info.value) and said in str(info.value)
+
+
+def test_api_null_is_refused_by_name(tmp_path):
+    path = tmp_path / "r.json5"
+    path.write_text("[{api: null, direction: 'response', strip: 'all'}]")
+    with pytest.raises(RuleError, match="'api' must be text or an api key, got null"):
+        load_rules_file(path)
+    path.write_text("[{api: 3, direction: 'response', inject: {tag: 100, int32: 5,}}]")
+    (r,) = load_rules_file(path)  # an api key and a number for int32 are fine
+    assert (r.api, r.payload) == ("3", b"\x00\x00\x00\x05")

@@ -30,9 +30,15 @@ Actions:
   value equals its default.
 
 Rules apply only where the version is flexible; a frame a rule matches in a
-non-flexible version is counted (``non_flexible``), not an error. Only frames
-that some rule matches are decoded and re-encoded; when no rule changed
-anything, the frame is forwarded byte-identical.
+non-flexible version is counted (``non_flexible``), not an error. Rules apply in
+the order given (command-line order; a rules file's rules in file order, where
+``--rules`` stands). Only frames that some rule matches are decoded and
+re-encoded, and only when re-encoding the decoded frame unchanged gives back its
+exact bytes: a frame the peer encoded otherwise (a non-minimal varint, a boolean
+byte other than 0 or 1, unknown tags out of order) is forwarded byte-identical,
+counted under ``errors`` and noted on its flow, never silently normalised. When
+the rules together leave the bytes as they were, the frame is forwarded
+byte-identical and counts as ``no_target``.
 
 Use :func:`add_rules_options` and :func:`install_rules` from the ``proxy``
 command; :class:`RuleSet` on its own works on decoded :class:`~kinspect.codec.Request`
@@ -46,6 +52,7 @@ import logging
 import re
 import struct as _struct
 import uuid as _uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +101,9 @@ Rule flags (repeatable; quote them in the shell):
              int8= int16= int32= int64= uint16= uint32= float64= bool= uuid= |
              uvarint= varint= varlong= | string=abc | bytes=HEX (compact)
   WHAT       unknown | all | tags=1,2   ('all' resets known tagged fields to defaults)
+
+Rules apply in the order given on the command line, a --rules file's rules in file
+order where that --rules stands.
 
 Examples:
   --inject 'Metadata:response:Topics[]:tag=99:hex=cafe'
@@ -182,10 +192,17 @@ def encode_payload(kind: str, value: Any) -> bytes:
     ``bytes`` are compact (unsigned varint length + 1, KIP-482), as a tagged field of
     that type is written; ``varint``/``varlong`` are zig-zag.
 
+    ``value`` is text (as a flag gives it) or, from a rules file, a JSON value:
+    a number for the numeric kinds and ``size``, a boolean for ``bool``. Text only
+    for ``hex``, ``bytes``, ``string`` and ``uuid``: a number there is not read as
+    its digits (``{hex: 12}`` is not byte 0x12), and null is never a payload.
+
     Raises:
-        RuleError: unknown kind or a value that does not fit it.
+        RuleError: unknown kind or a value that does not fit it (null, a value of
+            the wrong JSON type, text that does not parse, a number out of range).
     """
     kind = kind.strip().lower()
+    _check_payload_type(kind, value)
     try:
         if kind == "hex":
             text = str(value).strip().lower().removeprefix("0x").replace(" ", "").replace(":", "")
@@ -233,6 +250,59 @@ def encode_payload(kind: str, value: Any) -> bytes:
     except (ValueError, TypeError, OverflowError, _struct.error) as e:
         raise RuleError(f"bad {kind} payload {value!r}: {e}") from None
     raise RuleError(f"unknown payload kind {kind!r} (expected one of {', '.join(PAYLOAD_KINDS)})")
+
+
+#: payload kinds whose value must be text (a JSON number or boolean is refused)
+_TEXT_KINDS = ("hex", "bytes", "string", "uuid")
+
+
+def _check_payload_type(kind: str, value: Any) -> None:
+    """Refuse a payload value of the wrong JSON type rather than take its ``str()``:
+    null (``"None"``), a number for a text kind (``{hex: 12}``), a boolean for a
+    number, a list or an object.
+
+    Raises:
+        RuleError: naming the kind and the value.
+    """
+    if kind not in PAYLOAD_KINDS:
+        return  # the unknown kind is reported below
+    if value is None:
+        raise RuleError(f"bad {kind} payload: null (give a value, e.g. "
+                        f"{_PAYLOAD_EXAMPLE.get(kind, '1')})")
+    if kind in _TEXT_KINDS:
+        ok = isinstance(value, str)
+    elif kind == "bool":
+        ok = isinstance(value, (bool, str))
+    elif kind == "float64":
+        ok = isinstance(value, (int, float, str)) and not isinstance(value, bool)
+    else:  # integers and size
+        ok = isinstance(value, (int, str)) and not isinstance(value, bool)
+    if not ok:
+        want = ("text" if kind in _TEXT_KINDS else "true or false" if kind == "bool"
+                else "a number or text")
+        raise RuleError(f"bad {kind} payload {value!r}: expected {want}, got "
+                        f"{_json_type(value)} (e.g. {_PAYLOAD_EXAMPLE.get(kind, '1')})")
+
+
+_PAYLOAD_EXAMPLE = {"hex": '"cafe"', "bytes": '"0102"', "string": '"abc"',
+                    "uuid": '"00000000-0000-0000-0000-000000000001"', "bool": "true",
+                    "size": '"1KiB"', "float64": "1.5"}
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "text"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
 
 
 def _int(value: Any) -> int:
@@ -679,6 +749,11 @@ def rule_from_dict(d: Any, label: str) -> Rule:
             raise RuleError("a rule needs exactly one of inject, strip, set")
         if "api" not in d or "direction" not in d:
             raise RuleError("a rule needs 'api' and 'direction'")
+        # text where text is meant: str() would turn null into the api, place or
+        # field name "None" and report that instead
+        _need_text(d, "api", number=True)
+        _need_text(d, "direction")
+        _need_text(d, "place")
         api, versions = _parse_api_versions(str(d["api"]))
         if "versions" in d:
             if versions != ALL:
@@ -714,9 +789,27 @@ def rule_from_dict(d: Any, label: str) -> Rule:
         spec = d["set"]
         if not isinstance(spec, dict) or set(spec) != {"field", "value"}:
             raise RuleError("set takes {field: NAME, value: VALUE}")
+        _need_text(spec, "field")
         return Rule("set", set_field=str(spec["field"]), set_value=spec["value"], **common)
     except RuleError as e:
         raise RuleError(f"{label}: {e}") from None
+
+
+def _need_text(d: dict, key: str, number: bool = False) -> None:
+    """Refuse ``d[key]`` (when present) unless it is text (or, with ``number``, an
+    integer such as an api key).
+
+    Raises:
+        RuleError: naming the key and what it holds.
+    """
+    if key not in d:
+        return
+    v = d[key]
+    if isinstance(v, str) or (number and isinstance(v, int) and not isinstance(v, bool)):
+        return
+    want = "text or an api key" if number else "text"
+    raise RuleError(f"{key!r} must be {want}, got {_json_type(v)}"
+                    + (f" ({v!r})" if v is not None else ""))
 
 
 def load_rules_file(path: str | Path, _budget: _PayloadBudget | None = None) -> list[Rule]:
@@ -749,6 +842,20 @@ def load_rules_file(path: str | Path, _budget: _PayloadBudget | None = None) -> 
 
 # ---------------------------------------------------------------------------
 # rule sets
+
+
+class _NotCanonical(KinspectError):
+    """A frame that re-encoding changes even before any rule has acted (``again``:
+    its re-encoding)."""
+
+    def __init__(self, frame: bytes, again: bytes):
+        at = next((i for i, (a, b) in enumerate(zip(frame, again)) if a != b),
+                  min(len(frame), len(again)))
+        where = (f"re-encoding it unchanged gives other bytes from offset {at} "
+                 f"({len(again)} bytes, not {len(frame)})")
+        super().__init__(f"the frame is not in the encoding kinspect writes ({where}: e.g. "
+                         f"a non-minimal varint, a boolean byte other than 0 or 1, tags out "
+                         f"of order); forwarded as received rather than normalised")
 
 
 class RuleSet:
@@ -892,6 +999,8 @@ class RuleSet:
                         continue
                     try:
                         value = struct_class(target).from_dict({f.name: r.set_value})[f.name]
+                        if r.kind != "header":  # (no header has tagged fields)
+                            self._probe_set(spec, steps, f, value, tv)
                     except (EncodeError, ValueError, TypeError) as e:
                         reasons.append(f"bad value for {f.name}: {e}")
                         continue
@@ -911,6 +1020,44 @@ class RuleSet:
                     problems.append(f"{r.label} ({r.describe()}): can never apply: "
                                     + "; ".join(reasons))
         return problems
+
+    def _probe_set(self, spec: MessageSpec, steps: tuple[Step, ...], f: FieldSpec,
+                   value: Any, versions: Versions) -> None:
+        """Encode a message holding ``value`` in field ``f`` at the place ``steps``
+        (one element per array on the way, every other field at its default) at each
+        of ``versions``, so that a value the encoder refuses (out of range, null in a
+        non-nullable field, a field of a nested struct missing at a version) is
+        refused when the rules are loaded, by the codec's own checks, and not on
+        every frame the rule matches. A version where that message does not encode
+        even with the field at its default (a default the spec leaves null in a
+        non-nullable field, e.g. FetchSnapshotResponse's UnalignedRecords) says
+        nothing about the value and is skipped.
+
+        Raises:
+            EncodeError: the codec's reason, naming the field, and the version.
+        """
+        root = struct_class(spec.struct)()
+        obj = root
+        for s in steps:
+            sf = _field(obj._spec, s.name)
+            child = struct_class(sf.struct)()
+            setattr(obj, sf.name, [child] if sf.is_array else child)
+            obj = child
+        default = getattr(obj, f.name)
+        mc = self.codec.registry.codec(spec)
+        for v in range(versions.lowest, versions.highest + 1):
+            setattr(obj, f.name, default)
+            obj._present = None
+            try:
+                mc.encode(root, v)
+            except EncodeError:
+                continue  # not this value's fault
+            setattr(obj, f.name, copy_value(value))
+            _add_present(obj, f.tag)
+            try:
+                mc.encode(root, v)
+            except EncodeError as e:
+                raise EncodeError(f"{e} (at version {v})") from None
 
     # -- matching ------------------------------------------------------------
     def matching(self, direction: str, api_key: int, version: int
@@ -1010,11 +1157,14 @@ class RuleSet:
         return spec.is_flexible(version)
 
     # -- proxy hooks -------------------------------------------------------------
-    def _note_error(self, flow: Any, rules: tuple, what: str, e: Exception) -> None:
+    def _note_error(self, flow: Any, rules: tuple, what: str, e: Exception,
+                    counted: list[Rule] | None = None) -> None:
+        """Count an error (:attr:`errors`, and ``errors`` of ``counted``, by default
+        every rule of ``rules`` that could act), note it on ``flow`` and log it
+        (sparingly)."""
         self.errors += 1
-        for r, can_act in rules:
-            if can_act:
-                r.stats.errors += 1
+        for r in counted if counted is not None else [r for r, can in rules if can]:
+            r.stats.errors += 1
         msg = f"rules not applied: cannot {what}: {e}"
         # every one is counted and noted on its flow; the log gets the first ones and
         # then one in LOG_EVERY (a client sending frames that do not decode at line
@@ -1048,7 +1198,7 @@ class RuleSet:
         except DecodeError as e:
             self._note_error(flow, rules, "decode the request", e)
             return None
-        return self._finish(flow, req, REQUEST, rules, len(frame))
+        return self._finish(flow, req, REQUEST, rules, frame)
 
     def mutate_response(self, flow: Any, frame: bytes) -> bytes | None:
         """The proxy's ``response_mutator``: ``(flow, frame) -> bytes | None``
@@ -1066,23 +1216,53 @@ class RuleSet:
         except DecodeError as e:
             self._note_error(flow, rules, "decode the response", e)
             return None
-        return self._finish(flow, resp, RESPONSE, rules, len(frame))
+        return self._finish(flow, resp, RESPONSE, rules, frame)
 
     def _finish(self, flow: Any, msg: Any, direction: str, rules: tuple,
-                size: int) -> bytes | None:
+                frame: bytes) -> bytes | None:
+        """Apply the rules to the decoded ``msg`` of ``frame`` and return the frame
+        to send, or ``None`` to forward ``frame`` as it is. That happens when no rule
+        changed anything; when the frame is not in the encoding the codec writes
+        (losslessness: re-encoding the decoded frame unchanged must give back its
+        exact bytes, else a rule would also rewrite bytes it never targeted:
+        non-minimal varints, boolean bytes other than 0 or 1, unknown tags out of
+        order, KIP-482); when the rules' changes cancel out; or on an error."""
         notes = flow.notes if flow is not None else None
         changed: list[Rule] = []
+        encode = self.codec.encode_request if direction == REQUEST else self.codec.encode_response
         try:
+            try:
+                again: bytes | KinspectError = encode(msg)
+            except KinspectError as e:
+                again = e
             changed = self.apply(msg, direction, notes)
             if not changed:
                 return None
+            if again != frame:
+                self._undo_applied(changed, notes)
+                if isinstance(again, KinspectError):
+                    self._note_error(flow, rules, f"re-encode the {direction}", again, changed)
+                else:
+                    self._note_error(flow, rules, f"change the {direction} losslessly",
+                                     _NotCanonical(frame, again), changed)
+                return None
+            size = len(frame)
             if size + self.injected > self.max_frame:
                 raise RuleError(f"the injected tagged fields would make it up to "
                                 f"{size + self.injected} bytes, more than the largest "
                                 f"frame ({self.max_frame})")
-            if direction == REQUEST:
-                return self.codec.encode_request(msg)
-            return self.codec.encode_response(msg)
+            new = encode(msg)
+            if new == frame:
+                # e.g. an inject undone by a later strip: nothing is sent changed, so
+                # nothing is flagged or counted as applied
+                self._undo_applied(changed, notes)
+                for r in changed:
+                    r.stats.no_target += 1
+                if notes is not None:
+                    notes.append("rules " + ", ".join(r.label for r in changed)
+                                 + ": their changes cancel out; forwarded unchanged")
+                return None
+            return new
         except KinspectError as e:
             self._undo_applied(changed, notes)
             self._note_error(flow, rules, f"re-encode the {direction}", e)
@@ -1148,19 +1328,22 @@ def add_rules_options(parser: argparse.ArgumentParser) -> None:
     an argument group whose description documents the syntax (:data:`FLAG_SYNTAX`)."""
     g = parser.add_argument_group(
         "tagged-field rules (KIP-482 workbench)",
-        "Inject, strip or set tagged fields in frames that cross the proxy. "
-        "Only frames a rule matches are decoded and re-encoded; mutated flows are "
-        "flagged 'mutated'. See docs/tagged-fields.md.")
-    g.add_argument("--rules", metavar="FILE", action="append", default=[],
+        "Inject, strip or set tagged fields in frames that cross the proxy, rules "
+        "in the order given. Only frames a rule matches are decoded and re-encoded "
+        "(a frame kinspect cannot re-encode byte for byte is forwarded as received "
+        "and counted under errors); mutated flows are flagged 'mutated'. See "
+        "docs/tagged-fields.md.")
+    g.add_argument("--rules", metavar="FILE", action=_RuleFlag, default=[],
                    help="json5 file of rules (repeatable); format below")
-    g.add_argument("--inject", metavar="SPEC", action="append", default=[],
+    g.add_argument("--inject", metavar="SPEC", action=_RuleFlag, default=[],
                    help="inject an unknown tagged field: "
                         "API[@VERSIONS]:DIRECTION:PLACE:tag=N[:PAYLOAD], e.g. "
                         "'Metadata:response:Topics[]:tag=99:hex=cafe' (repeatable)")
-    g.add_argument("--strip", metavar="SPEC", action="append", default=[],
+    g.add_argument("--strip", metavar="SPEC", action=_RuleFlag, default=[],
                    help="strip tagged fields: API[@VERSIONS]:DIRECTION:PLACE:WHAT with WHAT "
                         "unknown | all | tags=1,2, e.g. 'ApiVersions:response:top:all' "
                         "(repeatable)")
+    parser.set_defaults(rule_order=[])
     if parser.epilog:
         parser.epilog = parser.epilog.rstrip() + "\n\n" + FLAG_SYNTAX
     else:
@@ -1169,21 +1352,48 @@ def add_rules_options(parser: argparse.ArgumentParser) -> None:
         parser.formatter_class = argparse.RawDescriptionHelpFormatter
 
 
+class _RuleFlag(argparse.Action):
+    """``append`` to the option's own list (``args.rules``, ``args.inject``,
+    ``args.strip``) and to ``args.rule_order``: ``(option, value)`` pairs in
+    command-line order, the order the rules apply in."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), values])
+        order = getattr(namespace, "rule_order", None) or []
+        namespace.rule_order = [*order, (self.dest, values)]
+
+
 def rules_from_args(args: argparse.Namespace) -> list[Rule]:
-    """The rules given by ``--rules``, ``--inject`` and ``--strip`` (in that order).
+    """The rules given by ``--rules``, ``--inject`` and ``--strip``, in command-line
+    order (``args.rule_order``, kept by :func:`add_rules_options`; a rules file's
+    rules in file order where its ``--rules`` stands). The rules then apply to a
+    frame in that order: ``--strip ...:unknown --inject ...`` strips the peer's
+    unknown tags, then injects. A namespace without ``rule_order`` (not parsed by
+    :func:`add_rules_options`) gives the files, the injects, then the strips.
 
     Raises:
         RuleError: a bad file or flag, or payloads coming to more than
             :data:`MAX_PAYLOAD_TOTAL` together.
     """
+    files = list(getattr(args, "rules", None) or [])
+    injects = list(getattr(args, "inject", None) or [])
+    strips = list(getattr(args, "strip", None) or [])
+    order = list(getattr(args, "rule_order", None) or [])
+    given = [*(("rules", x) for x in files), *(("inject", x) for x in injects),
+             *(("strip", x) for x in strips)]
+    if Counter(order) != Counter(given):  # not the flags add_rules_options recorded
+        order = given
     rules: list[Rule] = []
     budget = _PayloadBudget()
-    for path in getattr(args, "rules", None) or []:
-        rules.extend(load_rules_file(path, budget))
-    for i, text in enumerate(getattr(args, "inject", None) or []):
-        rules.append(budget.add(parse_flag("inject", text, f"--inject #{i + 1}")))
-    for i, text in enumerate(getattr(args, "strip", None) or []):
-        rules.append(parse_flag("strip", text, f"--strip #{i + 1}"))
+    seen = {"inject": 0, "strip": 0}
+    for option, value in order:
+        if option == "rules":
+            rules.extend(load_rules_file(value, budget))
+            continue
+        seen[option] += 1
+        rule = parse_flag(option, value, f"--{option} #{seen[option]}")
+        rules.append(budget.add(rule) if option == "inject" else rule)
     return rules
 
 
