@@ -502,11 +502,28 @@ def _frame_bytes_info(frame: bytes | None) -> str:
     return "none" if frame is None else f"{len(frame)} B"
 
 
+def hexdump(data: bytes) -> str:
+    """``data`` as lines of 16 bytes, laid out as ``hexdump -C`` does: the offset of
+    the first (hex, from 0: a frame's offsets as :class:`~kinspect.codec.DecodeError`
+    gives them), the bytes in hex (two groups of eight) and as ASCII between bars
+    (``.`` for bytes that are not printable)."""
+    lines = []
+    for at in range(0, len(data), 16):
+        chunk = bytes(data[at:at + 16])
+        left, right = chunk[:8].hex(" "), chunk[8:].hex(" ")
+        text = "".join(chr(b) if 0x20 <= b < 0x7F else "." for b in chunk)
+        lines.append(f"{at:08x}  {left:<23}  {right:<23}  |{text}|")
+    return "\n".join(lines)
+
+
 def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | None = None,
-              limit: int | None = 64) -> Tree:
+              limit: int | None = 64, frames: bool = False,
+              frames_limit: int | None = None) -> Tree:
     """A :class:`rich.tree.Tree` of one flow: summary line, request and response
     (header and body fields, record batches decoded), and for rewritten or mutated
-    frames the before/after diff. ``limit`` caps rendered bytes (see
+    frames the before/after diff; with ``frames``, each frame's bytes as a
+    :func:`hexdump` too (as received, and as sent when kinspect changed it; the first
+    ``frames_limit`` bytes of each, ``None``: all). ``limit`` caps rendered bytes (see
     :func:`~kinspect.codec.records.render_bytes`); ``None`` shows everything."""
     row = flow_row(flow, topic_ids)
     # addresses, flags and errors as a capture file has them: escaped like names from
@@ -571,6 +588,20 @@ def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
         if b["first_difference"] is not None:
             node.add(Text(f"bytes differ from offset {b['first_difference']}: "
                           f"{b['before_hex']} → {b['after_hex']}", style="dim"))
+    if frames:
+        for label, frame in (("request", flow.request), ("request as sent", flow.request_sent),
+                             ("response", flow.response),
+                             ("response as sent", flow.response_sent)):
+            if frame is None or (not frame and label == "request"
+                                 and "unpaired" in flow.flags):
+                continue
+            node = tree.add(Text.assemble((f"{label} bytes", "bold blue"),
+                                          f" ({len(frame)} B, without the size prefix)"))
+            if frame:
+                cut = frames_limit is not None and len(frame) > frames_limit
+                node.add(Text(hexdump(frame[:frames_limit] if cut else frame)))
+                if cut:
+                    node.add(Text(f"… {len(frame) - frames_limit} more bytes", style="dim"))
     return tree
 
 

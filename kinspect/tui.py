@@ -63,6 +63,9 @@ IN_FLIGHT = "in-flight"
 #: (their decoded values take a few times this)
 HOLD_BYTES = 32 << 20
 
+#: bytes of each frame an open flow's hex dumps show (key ``x``)
+FRAMES_SHOWN = 64 << 10
+
 #: columns of the live view shrunk first when the terminal is too narrow for every
 #: column (then the others but the api column, then that one too)
 _SHRINK_FIRST = ("records", "client_id", "flags", "error")
@@ -195,6 +198,8 @@ class LiveView:
         self._detail_lines: list[list[Segment]] | None = None  # the detail, rendered
         self._detail_width = 0  # ... at this width
         self._detail_top = 0
+        #: the open flow's frames are shown as hex dumps too (key ``x``)
+        self.frames = False
         self._keys: KeyReader | None = None
         # (rendered row, style) of the newest flows, oldest first; and the flows
         # after them that no redraw has shown yet (rendered on demand; a large flow
@@ -490,7 +495,9 @@ class LiveView:
         selected row's flow (or the newest), decoded as ``kinspect show --flow``
         shows it. In a flow: ``up``/``down``, ``pgup``/``pgdn`` (``space``),
         ``home``/``end`` scroll; ``esc``, ``left`` (``h``), ``backspace`` or ``q``:
-        back to the table; ``n``/``p``: the next or previous flow."""
+        back to the table; ``n``/``p``: the next or previous flow; ``x``: the
+        frames' bytes as hex dumps too (the first :data:`FRAMES_SHOWN` bytes of
+        each), or not."""
         if not self.interactive:
             return
         self._render(None)
@@ -550,6 +557,11 @@ class LiveView:
                 self.selected = int(kept[i][0]["id"])
                 self._open(self.selected)
             return
+        if name == "x":
+            self.frames = not self.frames
+            self._detail_lines = None
+            self._detail_width = 0
+            return
         page = max(self._page - 1, 1)
         step = {"up": -1, "k": -1, "down": 1, "j": 1, "pgup": -page, "pgdn": page,
                 "space": page, "home": -(1 << 30), "g": -(1 << 30), "end": 1 << 30,
@@ -582,7 +594,8 @@ class LiveView:
                                  style="yellow")
             else:
                 what = flow_tree(flow, self.codec, topic_ids=self.topic_ids,
-                                 limit=self.bytes_limit)
+                                 limit=self.bytes_limit, frames=self.frames,
+                                 frames_limit=FRAMES_SHOWN)
             lines = self.console.render_lines(what, options, pad=False)
             with self._lock:
                 if self.detail == detail:
@@ -591,7 +604,8 @@ class LiveView:
             top = self._detail_top = max(0, min(self._detail_top, len(lines) - height))
         shown = lines[top:top + height]
         status = Text(f" #{detail}  lines {top + 1}-{top + len(shown)} of {len(lines)}   "
-                      f"{self._arrows()} PgUp PgDn scroll   n/p next/previous flow   Esc back",
+                      f"{self._arrows()} PgUp PgDn scroll   n/p next/previous flow   "
+                      f"x {'no ' if self.frames else ''}bytes   Esc back",
                       style="dim")
         return Group(status, _Lines(shown))
 

@@ -604,3 +604,29 @@ def test_format_time_of_the_second_before_the_epoch(tmp_path):
     assert res.returncode == 0, res.stderr
     rows = [x for x in res.stdout.splitlines() if x.startswith("│")]
     assert rows and all("23:59:59.999" in x for x in rows), res.stdout
+
+
+def test_hexdump_lays_out_a_frame_as_hexdump_c_does():
+    from kinspect.show import hexdump
+
+    # ApiVersions v4 request header (v2): api key 18, version 4, correlation id 1,
+    # client id "kinspect-example" (int16 length 16), then the tag section (0)
+    frame = bytes.fromhex("0012 0004 00000001 0010") + b"kinspect-example" + b"\x00"
+    assert hexdump(frame).splitlines() == [
+        "00000000  00 12 00 04 00 00 00 01  00 10 6b 69 6e 73 70 65  |..........kinspe|",
+        "00000010  63 74 2d 65 78 61 6d 70  6c 65 00                 |ct-example.|",
+    ]
+    assert hexdump(b"") == ""
+
+
+def test_show_flow_hex_prints_each_frame_and_refuses_without_flow(capsys):
+    frame = next(f for f in load_capture(EXAMPLE).flows if f.id == 1).request
+    assert cli.main(["show", str(EXAMPLE), "--flow", "1", "--hex"]) == 0
+    out = capsys.readouterr().out
+    assert f"request bytes ({len(frame)} B" in out and "response bytes (" in out
+    # the first line of the request's dump: its first 16 bytes, as the capture has them
+    assert "00000000  " + frame[:8].hex(" ") + "  " + frame[8:16].hex(" ") in out
+    with pytest.raises(SystemExit) as e:
+        cli.main(["show", str(EXAMPLE), "--hex"])
+    assert e.value.code == 2
+    assert "--hex: only with --flow" in capsys.readouterr().err

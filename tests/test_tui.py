@@ -545,7 +545,14 @@ async def test_rows_of_real_flows_are_selected_and_opened(tansu, unique):
         assert f"#{produce.id} Produce v{produce.api_version}" in shown
         assert "request (" in shown and "response (" in shown and "header v" in shown
         assert topic in shown  # the topic, from the decoded body
-        assert "Esc back" in shown
+        assert "Esc back" in shown and "request bytes" not in shown
+        view.key("x")  # the frames' bytes too, after the tree: scrolled to the end
+        view.key("end")
+        shown = screen()
+        assert f"request bytes ({len(produce.request)} B" in shown
+        assert "00000000  " + produce.request[:8].hex(" ") in shown
+        view.key("x")
+        assert "request bytes" not in screen()
         view.key("n")  # the next row's flow
         after = ids[ids.index(produce.id) + 1]
         assert view.detail == after and f"#{after} " in screen()

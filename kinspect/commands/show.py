@@ -7,11 +7,12 @@ Examples::
     kinspect show captures/example.jsonl --errors
     kinspect show captures/example.jsonl --flow 11
     kinspect show captures/example.jsonl --flow 11 --format json
+    kinspect show captures/example.jsonl --flow 11 --hex
     kinspect show captures/example.jsonl --browse
 
 ``--browse`` pages through the flow table at a terminal: Up/Down, PgUp/PgDn,
 Home/End select a row, Enter opens its flow decoded (n/p: the next or previous
-flow, Esc: back to the table), q quits.
+flow, x: its frames' bytes too, Esc: back to the table), q quits.
 """
 
 from __future__ import annotations
@@ -45,6 +46,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="only flows with a non-zero error code (same as --filter '~err')")
     p.add_argument("--flow", type=int, action="append", metavar="N",
                    help="print flow N fully decoded (repeatable)")
+    p.add_argument("--hex", action="store_true",
+                   help="with --flow: each frame's bytes as a hex dump too (offsets "
+                        "from the frame's start, as decode errors give them)")
     p.add_argument("--browse", "-b", action="store_true",
                    help="page through the table at a terminal and open flows with "
                         "the keys (Up/Down, Enter, Esc, q)")
@@ -71,6 +75,9 @@ def run(args: argparse.Namespace) -> int:
         args.usage_error(f"argument --flow: not allowed with argument "
                          f"{'--filter' if args.filter else '--errors'} (--flow N prints "
                          f"flow N whatever it is; filters choose the rows of the table)")
+    if args.hex and (not args.flow or args.format == "json"):
+        args.usage_error("argument --hex: only with --flow N, as a tree (not --format json, "
+                         "which holds the frames in base64)")
     if args.browse:
         if args.flow or args.format == "json":
             args.usage_error("argument --browse: not allowed with argument "
@@ -113,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
             if args.format == "json":
                 docs.append(flow_json(flow, codec, topic_ids=ids, limit=limit))
             else:
-                console.print(flow_tree(flow, codec, topic_ids=ids, limit=limit))
+                console.print(flow_tree(flow, codec, topic_ids=ids, limit=limit,
+                                        frames=args.hex))
         if docs:
             print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
         return rc
