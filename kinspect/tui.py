@@ -605,7 +605,7 @@ class LiveView:
         shown = lines[top:top + height]
         status = Text(f" #{detail}  lines {top + 1}-{top + len(shown)} of {len(lines)}   "
                       f"{self._arrows()} PgUp PgDn scroll   n/p next/previous flow   "
-                      f"x {'no ' if self.frames else ''}bytes   Esc back",
+                      f"x {'hides' if self.frames else 'shows'} bytes   Esc back",
                       style="dim")
         return Group(status, _Lines(shown))
 
