@@ -10,6 +10,7 @@ import signal
 from proxyutil import codec
 from test_resilience import (
     ProxyProcess,
+    PauseWatch,
     Raw,
     _capture_children,
     capture_frames,
@@ -57,13 +58,24 @@ async def test_a_capture_child_dying_while_the_proxy_waits_for_it_lets_the_proxy
         raw = await Raw.open(*proxy.address)
         batch = record_batch([os.urandom(256 << 10)])
         reqs = [produce(k + 1, topic, batch) for k in range(120)]  # 30 MiB
-        raw.send(*reqs)
-        await wait_for(lambda: proxy.overloaded, timeout=30,
-                       what="the proxy to stop reading behind the stopped child")
-        await pipeline.drained()
-        await wait_for(lambda: not child._out, timeout=30,
-                       what="every header handed on to be in the pipe")
-        assert proxy.overloaded and child.backlog_bytes > child.pause_bytes
+        async with PauseWatch(proxy) as watch:
+            raw.send(*reqs)
+            await wait_for(lambda: proxy.overloaded, timeout=30,
+                           what="the proxy to stop reading behind the stopped child")
+            read = (proxy.stats.overloads, proxy.stats.bytes_from_clients,
+                    proxy.stats.bytes_from_brokers)
+            await pipeline.drained()
+            await wait_for(lambda: not child._out, timeout=30,
+                           what="every header handed on to be in the pipe")
+            assert proxy.overloaded and child.backlog_bytes > child.pause_bytes
+            # the proxy stopped reading: neither side of the connection reads, and
+            # not a byte more came in since the pause began (30 MiB were written)
+            [conn] = proxy.connections
+            assert not conn.client_tr.is_reading() and not conn.up_tr.is_reading()
+            assert (proxy.stats.overloads, proxy.stats.bytes_from_clients,
+                    proxy.stats.bytes_from_brokers) == read
+            assert proxy.stats.bytes_from_clients < sum(4 + len(q) for q in reqs)
+        watch.check()
         with caplog.at_level(logging.ERROR, logger="kinspect.capture"):
             _kill(child._proc)
             # nothing is left to write to the pipe, so no write can fail: the

@@ -29,6 +29,7 @@ from proxyutil import codec, exchange, request_bytes, running_proxy
 
 from kinspect.brokers import TansuBroker, free_port
 from kinspect.codec import frame
+from kinspect.flows import UNDECODED
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1 << 20
@@ -242,6 +243,60 @@ async def wait_for(predicate, timeout: float = 10.0, what="condition") -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what() if callable(what) else what}")
         await asyncio.sleep(0.02)
+
+
+class PauseWatch:
+    """What "the proxy stops reading" means, looked at every event-loop iteration
+    while a test's traffic runs (``async with PauseWatch(proxy) as watch``): while
+    the proxy is overloaded (``Proxy.overload``), no open connection's transport
+    reads, client side or broker side, and not one byte more is read from clients
+    or brokers while the same overload lasts (``stats.overloads`` unchanged).
+    ``seen`` counts the iterations it found the proxy overloaded: a test requires
+    it to have seen the pause at all (``watch.check()``)."""
+
+    def __init__(self, proxy):
+        self.proxy = proxy
+        self.seen = 0
+        self.errors: list[str] = []
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> "PauseWatch":
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def check(self) -> None:
+        assert not self.errors, "forwarding went on while overloaded: " + "; ".join(
+            self.errors[:5])
+        assert self.seen, "never saw the proxy overloaded (the case not made)"
+
+    def _look(self, last: tuple | None) -> tuple | None:
+        p = self.proxy
+        if not p.overloaded:
+            return None
+        self.seen += 1
+        for c in list(p.connections):
+            if c.closed or c.draining:
+                continue
+            if c.client_tr.is_reading():
+                self.errors.append(f"connection {c.id}: the client side still reads")
+            if c.up_tr is not None and c.up_tr.is_reading():
+                self.errors.append(f"connection {c.id}: the broker side still reads")
+        now = (p.stats.overloads, p.stats.bytes_from_clients, p.stats.bytes_from_brokers)
+        if last is not None and last[0] == now[0] and last[1:] != now[1:]:
+            self.errors.append(f"bytes read (from clients, from brokers) during one pause: "
+                               f"{last[1:]} -> {now[1:]}")
+        return now
+
+    async def _run(self) -> None:
+        last = None
+        while len(self.errors) < 20:
+            last = self._look(last)
+            await asyncio.sleep(0)  # (every iteration: the watch misses no pause)
 
 
 def run_on(loop: str, main) -> object:
@@ -848,14 +903,20 @@ async def test_answers_waiting_in_a_read_go_out_rewritten_when_the_connection_en
                 f"{conn.client_hold:#x}, rest {len(conn.req_cut.rest or b'')} B, "
                 f"{proxy.stats.bytes_from_clients} B from the client"))
         finally:
-            def later():
-                os.kill(tansu.pid, signal.SIGCONT)
-                time.sleep(0.3)  # the answers reach the proxy's socket, then
-                s.sendall(b"\xff\xff\xff\xff")  # the client's bad size prefix
-
-            threading.Thread(target=later).start()
-        time.sleep(0.8)  # the loop is busy: both reads come in one iteration
+            os.kill(tansu.pid, signal.SIGCONT)
+        # The loop is held here (no await) until both reads wait in the proxy's
+        # sockets: the broker's n answers, whole, then the client's bad size
+        # prefix; so both come in its next iteration.
         sliced = proxy.stats.sliced_reads
+        up = socket.socket(fileno=os.dup(conn.up_tr.get_extra_info("socket").fileno()))
+        cl = socket.socket(fileno=os.dup(conn.client_tr.get_extra_info("socket").fileno()))
+        try:
+            _hold_until(lambda: _whole_frames_waiting(up) >= n, "the broker's answers")
+            s.sendall(b"\xff\xff\xff\xff")  # the client's bad size prefix
+            _hold_until(lambda: _bytes_waiting(cl) >= 4, "the client's bad size prefix")
+        finally:
+            up.close()
+            cl.close()
         s.settimeout(10)
         data = b""
         while True:
@@ -873,7 +934,8 @@ async def test_answers_waiting_in_a_read_go_out_rewritten_when_the_connection_en
             answers.append(data[4:4 + size])
             data = data[4 + size:]
         await proxy.pipeline.drained()
-        assert sliced >= 1, "the answers did not come in one read (the case not made)"
+        assert proxy.stats.sliced_reads > sliced, \
+            "the answers did not come in one read (the case not made)"
         assert [corr_of(a) for a in answers] == list(range(1, n + 1))
         c = codec()
         for a in answers:
@@ -1294,12 +1356,20 @@ async def test_garbage_half_frames_and_mid_frame_disconnects_end_only_that_conne
             assert await raw.eof()
             raw.close()
             # a well-framed frame of random bytes: forwarded; whatever the broker does,
-            # this connection either gets an answer or a clean end
+            # this connection either gets an answer or a clean end. (As a request
+            # header, junk is api key 0x0708, an unknown API, and correlation id
+            # bytes junk[4:8]: the answer a Kafka broker gives starts with them.)
             raw = await Raw.open(*proxy.address)
             junk = bytes(range(7, 67))
             raw.writer.write(frame(junk))
-            with contextlib.suppress(asyncio.TimeoutError):
-                await raw.eof(timeout=3)
+            try:
+                answer = await raw.read(timeout=10)
+            except ConnectionResetError:
+                raise AssertionError("the junk frame's connection was reset") from None
+            if answer is not None:
+                assert answer[:4] == junk[4:8], f"not the junk frame's answer: {answer!r}"
+            else:
+                assert await raw.eof(), "the junk frame's connection did not end cleanly"
             raw.close()
             # half a frame, then silence: the connection just waits (like a broker would)
             raw = await Raw.open(*proxy.address)
@@ -1333,6 +1403,9 @@ async def test_garbage_half_frames_and_mid_frame_disconnects_end_only_that_conne
     # no torn frame ever became a flow: only whole requests someone sent
     for f in rec.flows:
         assert f.request in (metadata(77), junk) or f.correlation_id >= 900_000, f
+    # the junk frame is one flow, said to be undecoded (forwarded as it was)
+    [junk_flow] = [f for f in rec.flows if f.request == junk]
+    assert UNDECODED in junk_flow.flags, junk_flow
 
 
 def _send_then_half_close(host: str, port: int, frames: list[bytes]) -> tuple[list[bytes], bool]:
@@ -2481,6 +2554,24 @@ def _whole_frames_waiting(sock: socket.socket) -> int:
     return n
 
 
+def _bytes_waiting(sock: socket.socket) -> int:
+    """Bytes in ``sock``'s receive queue, not read (MSG_PEEK)."""
+    try:
+        return len(sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return 0
+
+
+def _hold_until(predicate, what: str, timeout: float = 20.0) -> None:
+    """Poll ``predicate`` without giving the event loop a turn (it is held, as when
+    busy), until true; fail after ``timeout`` seconds saying what was waited for."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
 async def test_an_answer_read_with_the_one_before_it_is_checked_as_its_own(tansu, unique):
     """Two answers of one correlation id in one read (here the Fetch v16 answer and
     the broker's answer to an acks=0 Produce reusing its id, read together as they
@@ -2700,7 +2791,7 @@ async def test_a_slow_pipeline_pauses_forwarding_instead_of_growing(tansu, uniqu
     pipeline stay bounded: the proxy stops reading until it catches up; every
     request is still answered on its own connection and every flow reaches the
     addons (nothing dropped)."""
-    from kinspect.proxy.pipeline import Pipeline
+    from kinspect.proxy.pipeline import EVENT_COST, Pipeline
     from kinspect.proxy.server import Proxy, ProxyConfig
 
     topic = unique("slowpipe")
@@ -2726,14 +2817,40 @@ async def test_a_slow_pipeline_pauses_forwarding_instead_of_growing(tansu, uniqu
             raw.close()
             return n
 
-        answered = await asyncio.gather(*(client(i + 1) for i in range(5)))
-        await proxy.pipeline.drained()
-        assert sum(answered) == 800
+        reqs_seen: list[bytes] = []
+
+        async def blaster() -> int:
+            """Writes 400 requests (4 MiB, 32 times pause_bytes) before reading any
+            answer: how far the backlog grows is up to the proxy's pause alone."""
+            raw = await Raw.open(*proxy.address)
+            reqs = [produce(900_000 + k, topic, batch) for k in range(400)]
+            reqs_seen.append(reqs[0])
+            raw.send(*reqs)
+            for q in reqs:
+                resp = await raw.read(timeout=30)
+                assert resp is not None and corr_of(resp) == req_corr(q)
+            raw.close()
+            return len(reqs)
+
+        async with PauseWatch(proxy) as watch:
+            answered = await asyncio.gather(blaster(), *(client(i + 1) for i in range(5)))
+            await proxy.pipeline.drained()
+        watch.check()
+        assert sum(answered) == 1200
         assert proxy.stats.overloads >= 1, "the backlog never reached pause_bytes"
         assert not proxy.overloaded
-        assert slow.flows >= 800
-        # at most a few reads' worth of frames past the mark before reading stops
-        assert slow.most_waiting <= 128 * 1024 + 2 * MiB, slow.most_waiting
+        assert slow.flows >= 1200
+        # Past the mark, once reading stopped, only the flows of requests already
+        # forwarded still come (their answers are read when reading resumes, and
+        # the flow counts its request again), plus the rest of the read under way:
+        # at most every request in flight (the blaster's 400, 20 per other client)
+        # with its answer (a Produce answer is under 1 KiB) and EVENT_COST, and one
+        # read (asyncio reads up to 256 KiB at a time). A proxy that read on
+        # would let the blaster's 4 MiB in, counted as requests and again as flows.
+        in_flight = 400 + 5 * 20
+        most = 128 * 1024 + in_flight * (len(frame(reqs_seen[0])) + 1024 + EVENT_COST) \
+            + 256 * 1024
+        assert slow.most_waiting <= most, (slow.most_waiting, most)
         assert proxy.stats.decode_skipped > 0
     finally:
         await proxy.close()
@@ -2769,9 +2886,11 @@ async def test_many_small_frames_weigh_their_flows_in_the_pipeline(tansu):
             raw.close()
             return size
 
-        sizes = await asyncio.gather(*(client(i + 1) for i in range(2)))
+        async with PauseWatch(proxy) as watch:
+            sizes = await asyncio.gather(*(client(i + 1) for i in range(2)))
+            await proxy.pipeline.drained()
+        watch.check()
         assert sum(sizes) < limit < sum(sizes) + 2000 * EVENT_COST  # the premise
-        await proxy.pipeline.drained()
         assert slow.flows >= 2000
         assert proxy.stats.overloads >= 1, "the backlog never reached pause_bytes"
         assert slow.most_waiting <= limit + 2 * MiB, slow.most_waiting
@@ -2940,15 +3059,17 @@ async def test_an_addon_queue_that_falls_behind_pauses_forwarding(tansu, unique,
     await proxy.start()
     batch = record_batch([os.urandom(10 * 1024)])
     try:
-        raw = await Raw.open(*proxy.address)
-        for r in range(10):
-            reqs = [produce(r * 20 + k + 1, topic, batch) for k in range(20)]
-            raw.send(*reqs)
-            for q in reqs:
-                resp = await raw.read(timeout=30)
-                assert resp is not None and corr_of(resp) == req_corr(q)
-        raw.close()
-        await proxy.pipeline.drained()
+        async with PauseWatch(proxy) as watch:
+            raw = await Raw.open(*proxy.address)
+            for r in range(10):
+                reqs = [produce(r * 20 + k + 1, topic, batch) for k in range(20)]
+                raw.send(*reqs)
+                for q in reqs:
+                    resp = await raw.read(timeout=30)
+                    assert resp is not None and corr_of(resp) == req_corr(q)
+            raw.close()
+            await proxy.pipeline.drained()
+        watch.check()
         assert proxy.stats.overloads >= 1, "the addon's backlog never paused the proxy"
         await wait_for(lambda: not proxy.overloaded, timeout=10,
                        what="the proxy to resume once the addon caught up")
