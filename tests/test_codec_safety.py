@@ -58,6 +58,34 @@ def test_truncation_inside_a_nested_field_names_its_path_and_offset():
     assert "MetadataResponse v1" in str(e) and "offset" in str(e)
 
 
+# ApiVersions v3 request, laid out by hand from ApiVersionsRequest.json and the
+# protocol guide: request header v2 is api_key int16 (00 12) + api_version int16
+# (00 03) + correlation_id int32 + client_id int16-length string ("t": 00 01 74) +
+# an empty tagged-field section (00): 2 + 2 + 4 + 3 + 1 = 12 bytes. The body starts
+# with ClientSoftwareName, a compact string: an unsigned varint (length + 1) first.
+_API_VERSIONS_V3_HEADER = bytes.fromhex("0012" "0003" "00000007" "0001" "74" "00")
+
+
+@pytest.mark.parametrize("cut_varint", ["80", "8080", "808080", "80808080", "ffffffff"])
+def test_a_cut_varint_is_reported_where_it_starts(cut_varint):
+    """A varint cut after any number of continuation bytes (the high bit set: more
+    follow) fails at the offset where the varint starts, not where the bytes end,
+    for the short and the long (3 or more bytes) varint readers alike."""
+    frame = _API_VERSIONS_V3_HEADER + bytes.fromhex(cut_varint)
+    assert len(_API_VERSIONS_V3_HEADER) == 12
+    with pytest.raises(DecodeError) as ei:
+        corpus_codec().decode_request(frame)
+    e = ei.value
+    assert (e.offset, e.expected, e.path) == (12, "varint", "ClientSoftwareName"), e
+    # the same cut in the second field: ClientSoftwareName "a" is 02 61 (length 1
+    # as 1 + 1), so ClientSoftwareVersion's varint starts at 12 + 2 = 14
+    with pytest.raises(DecodeError) as ei:
+        corpus_codec().decode_request(_API_VERSIONS_V3_HEADER + b"\x02a" +
+                                      bytes.fromhex(cut_varint))
+    e = ei.value
+    assert (e.offset, e.expected, e.path) == (14, "varint", "ClientSoftwareVersion"), e
+
+
 def test_trailing_bytes():
     mc, value = _metadata_response()
     raw = mc.encode(value, 12)
