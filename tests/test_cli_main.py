@@ -17,6 +17,45 @@ def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
 
+def stderr_lines_until(proc: subprocess.Popen, done, what: str,
+                       timeout: float = 60) -> list[str]:
+    """The lines ``proc`` writes to stderr (a text pipe) up to and including the
+    first for which ``done(line)`` is true, or all of them if it ends first. A
+    process that does neither within ``timeout`` seconds is killed, and the test
+    fails saying what it waited for (a plain read would wait for ever)."""
+    import queue
+    import threading
+
+    lines: queue.Queue = queue.Queue()
+
+    def reader() -> None:
+        for line in iter(proc.stderr.readline, ""):
+            lines.put(line)
+            if done(line):
+                break
+        lines.put(None)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    got: list[str] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            proc.kill()  # (its stderr ends: the reader ends too)
+            proc.wait()
+            thread.join(10)
+            while not lines.empty():
+                got.append(lines.get() or "")
+            raise AssertionError(f"no {what} on stderr within {timeout} s "
+                                 f"(killed); it wrote:\n{''.join(got)}") from None
+        if line is None:
+            thread.join()
+            return got
+        got.append(line)
+
+
 def test_demo_runs_real_flows_and_stops_everything():
     proc = run("demo", "--rounds", "1", "--messages", "3", "--no-tui")
     assert proc.returncode == 0, proc.stderr
@@ -135,7 +174,9 @@ def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
                 break
             except OSError:
                 if time.monotonic() > deadline or proc.poll() is not None:
-                    raise AssertionError(f"proxy did not come up: {proc.stderr.read()}")
+                    proc.kill()  # (a read of a running proxy's stderr never ends)
+                    _, err = proc.communicate(timeout=10)
+                    raise AssertionError(f"proxy did not come up: {err}")
                 time.sleep(0.1)
         assert resp[:4] == b"\x00\x00\x00\x05"
         proc.send_signal(signal.SIGINT)
@@ -197,7 +238,7 @@ def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, t
                              tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--no-tui",
                              "--capture", str(capture)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, text=True)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -218,7 +259,8 @@ def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, t
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     # the child shares the proxy's stderr: end of file once it has exited too
-    err = proc.stderr.read().decode()
+    err = "".join(stderr_lines_until(proc, lambda line: False,
+                                     "end of stderr (the capture child's exit)"))
     proc.stderr.close()
     assert "Broken pipe" not in err and "capture process" not in err, err
     flows = load_capture(capture).flows
@@ -237,11 +279,11 @@ def test_output_piped_into_a_reader_that_stops_early_ends_quietly(tmp_path):
     big.write_text("\n".join(lines[:1] + lines[1:] * 40) + "\n")  # well over a pipe buffer
     proc = subprocess.Popen([sys.executable, "-m", "kinspect", "decode", "--jsonl", str(big)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout.read(100)
         proc.stdout.close()
-        err = proc.stderr.read().decode()
+        err = "".join(stderr_lines_until(proc, lambda line: False, "end of stderr"))
         assert proc.wait(timeout=60) != 0  # it did not finish its job
     finally:
         if proc.poll() is None:
@@ -360,10 +402,11 @@ def test_the_capture_names_the_port_the_proxy_listens_on(tansu, tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
     try:
-        line = proc.stderr.readline()  # "kinspect: capturing to ...", then "listening on ..."
-        if "capturing to" in line:
-            line = proc.stderr.readline()
-        assert "listening on" in line, line
+        # "kinspect: capturing to ...", then "listening on ..."
+        err = stderr_lines_until(proc, lambda line: "listening on" in line,
+                                 what='"listening on"')
+        line = err[-1] if err else ""
+        assert "listening on" in line and len(err) <= 2, "".join(err)
         address = line.split("listening on ", 1)[1].split(",", 1)[0]
     finally:
         proc.send_signal(signal.SIGINT)
@@ -395,11 +438,8 @@ def test_a_bare_capture_name_is_said_to_go_under_captures(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
     try:
-        err = []
-        for line in proc.stderr:
-            err.append(line)
-            if "listening on" in line:
-                break
+        err = stderr_lines_until(proc, lambda line: "listening on" in line,
+                                 what='"listening on"')
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -486,12 +526,8 @@ def test_a_dumb_terminal_gets_the_line_printer(monkeypatch, term, view):
 def _stderr_until_listening(proc: subprocess.Popen) -> list[str]:
     """The lines ``kinspect demo`` wrote to stderr up to "listening on" (printed once
     broker and proxy are up), or all of them if it ended first."""
-    err = []
-    for line in proc.stderr:
-        err.append(line)
-        if "listening on" in line:
-            break
-    return err
+    return stderr_lines_until(proc, lambda line: "listening on" in line,
+                              what='"listening on" (broker and proxy up)', timeout=120)
 
 
 def _children_of(pid: int) -> list[int]:
@@ -621,11 +657,10 @@ def test_demo_stops_on_ctrl_c_while_its_broker_is_frozen(tmp_path):
         for pid in brokers:
             os.kill(pid, signal.SIGSTOP)
         proc.send_signal(signal.SIGINT)
-        err = []
-        for line in proc.stderr:  # stopping: said at once, or after a second of waiting
-            err.append(line)
-            if "Ctrl-C again" in line or "produced" in line or "broker stopped" in line:
-                break
+        # stopping: said at once, or after a second of waiting
+        err = stderr_lines_until(
+            proc, lambda line: "Ctrl-C again" in line or "produced" in line
+            or "broker stopped" in line, what="word of stopping after Ctrl-C")
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
         err.append(proc.communicate(timeout=60)[1])
