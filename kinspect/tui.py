@@ -200,6 +200,10 @@ class LiveView:
         self._detail_top = 0
         #: the open flow's frames are shown as hex dumps too (key ``x``)
         self.frames = False
+        #: the filter being typed (key ``f``), ``None`` when none is; and what was
+        #: wrong with the one last entered
+        self.prompt: str | None = None
+        self.prompt_error: str | None = None
         self._keys: KeyReader | None = None
         # (rendered row, style) of the newest flows, oldest first; and the flows
         # after them that no redraw has shown yet (rendered on demand; a large flow
@@ -238,31 +242,72 @@ class LiveView:
 
     def on_flow(self, flow: Flow) -> None:
         now = time.monotonic()
+        size = len(flow.request) + len(flow.response or b"")
         self._rate.add(now, 1)
-        self._bytes.add(now, len(flow.request) + len(flow.response or b""))
+        self._bytes.add(now, size)
         self.topic_ids.learn(flow)
-        if self.match is None or self.match.matches(flow, topic_ids=self.topic_ids):
-            size = len(flow.request) + len(flow.response or b"")
-            with self._lock:  # (a redraw shows it waiting or complete, never both)
-                self._waiting.pop(flow.id, None)
-                pending = self._pending
-                if size >= RENDER_AT_ONCE:  # waits as its row, in its place
-                    row = self._row(flow)
-                    if row is not None:
-                        pending.append(row)
-                        if self.interactive:
-                            self._hold(flow, size)
-                else:
-                    pending.append(flow)
-                    self._pending_bytes += size
-                if len(pending) > self.keep:  # older than `keep` newer flows: never shown
-                    old = pending.popleft()
-                    if type(old) is not tuple:
-                        self._pending_bytes -= len(old.request) + len(old.response or b"")
-            if self._pending_bytes > PENDING_BYTES:
-                self._render(None, budget=True)
-        else:
+        match = self.match
+        matches = match is None or match.matches(flow, topic_ids=self.topic_ids)
+        with self._lock:  # (a redraw shows it waiting or complete, never both)
             self._waiting.pop(flow.id, None)
+            if self.interactive:  # every flow: a filter typed later may want it
+                self._hold(flow, size)
+            if self.match is not match:  # a new filter came meanwhile (filter())
+                matches = self._matches(flow)
+            if not matches:
+                return
+            pending = self._pending
+            if size >= RENDER_AT_ONCE:  # waits as its row, in its place
+                row = self._row(flow)
+                if row is not None:
+                    pending.append(row)
+            else:
+                pending.append(flow)
+                self._pending_bytes += size
+            if len(pending) > self.keep:  # older than `keep` newer flows: never shown
+                old = pending.popleft()
+                if type(old) is not tuple:
+                    self._pending_bytes -= len(old.request) + len(old.response or b"")
+        if self._pending_bytes > PENDING_BYTES:
+            self._render(None, budget=True)
+
+    def _matches(self, flow: Flow) -> bool:
+        """Whether ``match`` selects ``flow`` (a filter that fails on it: no)."""
+        if self.match is None:
+            return True
+        try:
+            return self.match.matches(flow, topic_ids=self.topic_ids)
+        except Exception:  # noqa: BLE001 - one odd flow must not stop the view
+            log.exception("live view: filter failed on flow #%s", flow.id)
+            return False
+
+    def filter(self, text: str) -> None:
+        """Show the flows ``text`` selects (a :mod:`kinspect.filters` expression; empty:
+        every flow), from the flows the view holds (an interactive view holds the
+        last ``keep`` flows, whatever the filter before) and those to come.
+
+        Raises:
+            FilterError: ``text`` is not a filter expression, or names an api the
+                codec's specs do not define.
+        """
+        from .filters import parse
+
+        codec = self.codec
+        names = [codec.api_name(k) for k in codec.registry.api_keys()] if codec else None
+        match = parse(text, names) if text.strip() else None
+        with self._lock:
+            self.match = match
+            held = list(self._held.values())
+            self._pending.clear()
+            self._pending_bytes = 0
+            self._rows.clear()
+        rows = [r for r in (self._row(f) for f in held if self._matches(f)) if r is not None]
+        with self._lock:
+            if self.match is match:
+                done = self._rows  # (flows that came meanwhile) after the held ones
+                self._rows = deque(rows, maxlen=self.keep)
+                self._rows.extend(done)
+            self._top = 0
 
     def _row(self, flow: Flow) -> tuple[dict[str, str], str | None] | None:
         """``(row, style)`` of a flow, or ``None`` (logged) when it cannot be rendered."""
@@ -302,17 +347,15 @@ class LiveView:
                 pending.clear()
                 self._pending_bytes = 0
             rows = self._rows
-            hold = self.interactive
             for f in take:
                 row = f if type(f) is tuple else self._row(f)  # (rendered on arrival)
                 if row is not None:
                     rows.append(row)
-                    if hold and type(f) is not tuple:
-                        self._hold(f, len(f.request) + len(f.response or b""))
 
     def _hold(self, flow: Flow, size: int) -> None:
-        """Keep ``flow`` for its row's detail (under the lock); let the oldest held
-        flows go past ``keep`` flows or ``hold_bytes`` of frames."""
+        """Keep ``flow`` for its row's detail and for filters typed later (under the
+        lock); let the oldest held flows go past ``keep`` flows or ``hold_bytes`` of
+        frames."""
         held = self._held
         limit = self.hold_bytes
         if limit is not None and size > limit:
@@ -367,10 +410,15 @@ class LiveView:
         if p is None:  # a capture's flows
             t = Text()
             t.append(f" {self.title} ", style="bold reverse")
+            with self._lock:
+                shown, held = len(self._rows) + len(self._pending), len(self._held)
+            t.append(f"   {shown} of {held} flows")
+            if self.match is not None:
+                t.append(f"   filter {printable(self.match.text)}", style="bold")
             if self.selected is not None:
                 t.append(f"   #{self.selected} selected")
-            t.append(f"   {self._arrows()}/PgUp/PgDn/Home/End select, Enter opens   q quits",
-                     style="dim")
+            t.append(f"   {self._arrows()}/PgUp/PgDn/Home/End select, Enter opens, f filters"
+                     "   q quits", style="dim")
             return t
         s = p.stats
         now = time.monotonic()
@@ -395,8 +443,10 @@ class LiveView:
             t.append(f"   decode skipped {s.decode_skipped}", style="yellow")
         if s.rewritten:
             t.append(f"   rewritten {s.rewritten}")
+        if self.match is not None:
+            t.append(f"   filter {printable(self.match.text)}", style="bold")
         if self.interactive:
-            t.append(f"   {self._arrows()} select, Enter opens, End follows"
+            t.append(f"   {self._arrows()} select, Enter opens, f filters, End follows"
                      if self.selected is None else
                      f"   #{self.selected} selected: Enter opens, End follows", style="dim")
         t.append("   Ctrl-C quits", style="dim")
@@ -490,15 +540,23 @@ class LiveView:
     def key(self, name: str) -> None:
         """Act on a key (names as :func:`parse_keys` gives them). On the table:
         ``up``/``down`` (``k``/``j``), ``pgup``/``pgdn``, ``home`` (``g``): select a
-        row, which stops following the newest; ``end`` (``G``, ``f``) or ``esc``:
+        row, which stops following the newest; ``end`` (``G``) or ``esc``:
         follow the newest rows again; ``enter`` (``right``, ``l``): open the
         selected row's flow (or the newest), decoded as ``kinspect show --flow``
-        shows it. In a flow: ``up``/``down``, ``pgup``/``pgdn`` (``space``),
+        shows it; ``f`` (``/``): type a filter (:meth:`filter`; Enter applies it,
+        an empty one shows every flow, Esc leaves it as it was). In a flow: ``up``/``down``, ``pgup``/``pgdn`` (``space``),
         ``home``/``end`` scroll; ``esc``, ``left`` (``h``), ``backspace`` or ``q``:
         back to the table; ``n``/``p``: the next or previous flow; ``x``: the
         frames' bytes as hex dumps too (the first :data:`FRAMES_SHOWN` bytes of
         each), or not."""
         if not self.interactive:
+            return
+        if self.prompt is not None:
+            self._prompt_key(name)
+            return
+        if name in ("f", "/") and self.detail is None:
+            self.prompt = self.match.text if self.match is not None else ""
+            self.prompt_error = None
             return
         self._render(None)
         with self._lock:
@@ -507,12 +565,32 @@ class LiveView:
             else:
                 self._table_key(name)
 
+    def _prompt_key(self, name: str) -> None:
+        """A key while a filter is typed: Enter applies it (or says what is wrong
+        with it), Esc leaves it as it was."""
+        from .filters import FilterError
+
+        text = self.prompt or ""
+        if name == "enter":
+            try:
+                self.filter(text)
+            except FilterError as e:
+                self.prompt_error = printable(str(e))
+                return
+            self.prompt = self.prompt_error = None
+        elif name == "esc":
+            self.prompt = self.prompt_error = None
+        elif name == "backspace":
+            self.prompt, self.prompt_error = text[:-1], None
+        elif name == "space" or len(name) == 1:
+            self.prompt, self.prompt_error = text + (" " if name == "space" else name), None
+
     def _table_key(self, name: str) -> None:
         if name == "q" and self.on_quit is not None:
             self.on_quit()
             return
         kept = list(self._rows)
-        if name in ("end", "G", "f", "esc"):
+        if name in ("end", "G", "esc"):
             self.selected = None
             return
         if not kept:
@@ -619,18 +697,27 @@ class LiveView:
         # its heading line and the line rich's Live leaves for the cursor (rows past
         # the screen's height would be cropped: the newest ones, at the bottom)
         rows = height - len(header.wrap(console, width)) - 2
-        return Group(header, self.table(max(rows, 3)))
+        prompt = self.prompt
+        if prompt is None:
+            return Group(header, self.table(max(rows, 3)))
+        lines = [Text.assemble(("filter: ", "bold"), printable(prompt), ("_", "blink"),
+                               ("   Enter applies, Esc cancels, empty: every flow", "dim"))]
+        if self.prompt_error:
+            lines.append(Text(self.prompt_error, style="red"))
+        return Group(header, self.table(max(rows - len(lines), 3)), *lines)
 
 
 def browse(flows: list[Flow], title: str, *, codec: Any = None,
            topic_ids: TopicIds | None = None, console: Console | None = None,
-           keys: int | None = None, bytes_limit: int | None = 64) -> None:
+           keys: int | None = None, bytes_limit: int | None = 64,
+           match: Filter | None = None) -> None:
     """Browse flows read from a capture at a terminal, as the live view's keys do
     (:meth:`LiveView.key`), starting at the first flow, until ``q`` (or Ctrl-C).
 
     Args:
         flows: the flows, in order (all held: a capture's are in memory already).
         title: the header's text.
+        match: the filter to start with (``f`` types another).
         codec: for the open flows' trees.
         topic_ids: topic ids learnt from the capture (for ``~topic`` names).
         console: rich console (default: stdout's).
@@ -640,7 +727,7 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
     done = threading.Event()
     view = LiveView(None, console=console, keep=max(len(flows), 1), title=title,
                     interactive=True, codec=codec, hold_bytes=None, on_quit=done.set,
-                    bytes_limit=bytes_limit)
+                    bytes_limit=bytes_limit, match=match)
     if topic_ids is not None:
         view.topic_ids = topic_ids
     for flow in flows:

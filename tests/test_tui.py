@@ -7,6 +7,7 @@ import os
 import re
 import time
 
+import pytest
 from clients import roundtrip_async
 from proxyutil import bootstrap_of, running_proxy
 from rich.console import Console
@@ -801,6 +802,9 @@ def test_a_capture_is_browsed_with_the_keys_at_a_terminal():
         term.read_until(rf"#{second.id} {second.api_name} v{second.api_version}", 10)
         term.type(b"\x1b")
         term.read_until(rf"#{second.id} selected", 10)
+        metadata = sum(f.api_name == "Metadata" for f in flows)
+        term.type(b"f~api Metadata\r")  # a filter, typed
+        term.read_until(rf"{metadata} of {len(flows)} flows   filter ~api Metadata", 10)
         term.type(b"q")
         rc = term.proc.wait(30)
     finally:
@@ -820,3 +824,71 @@ def test_browse_needs_a_terminal():
                           capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
     assert proc.returncode == 2
     assert "--browse: needs a terminal" in proc.stderr
+
+
+async def test_a_filter_typed_in_the_view_chooses_among_the_flows_it_holds(tansu, unique):
+    """``f`` types a filter: Enter shows only the flows it selects, among those the
+    view holds whatever the filter before (so a wider filter brings rows back), and
+    the flows to come; a bad one is shown with its error, the filter unchanged."""
+    from kinspect.filters import FilterError
+
+    console = Console(file=io.StringIO(), width=200, height=40, force_terminal=False)
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        view = LiveView(proxy, console=console, keep=100, interactive=True)
+        proxy.pipeline.add(view)
+        await roundtrip_async("kafka-python", bootstrap_of(proxy), ["a", "b"],
+                              topic=unique("t"), group=unique("g"))
+        await proxy.pipeline.drained()
+        every = [str(f.id) for f in rec.flows][-100:]
+        produce = [str(f.id) for f in rec.flows if f.api_name == "Produce"]
+        assert produce and len(produce) < len(every)
+
+        def shown() -> list[str]:
+            return [r["id"] for r, _ in view.rows]
+
+        assert shown() == every
+        for name in ["f", *"~api", "space", *"Produce"]:
+            view.key(name)
+        assert view.prompt == "~api Produce"
+        console.file = io.StringIO()
+        console.print(view)
+        assert "filter: ~api Produce_" in console.file.getvalue()
+        view.key("enter")
+        assert view.prompt is None and shown() == produce
+        assert "filter ~api Produce" in view.header().plain
+        view.filter("")  # every flow again, from those held
+        assert shown() == every and view.match is None
+        for name in ["f", *"~api", "space", *"Nope", "enter"]:
+            view.key(name)
+        assert view.prompt == "~api Nope" and "Nope" in view.prompt_error
+        assert view.match is None and shown() == every
+        view.key("esc")
+        assert view.prompt is None and view.prompt_error is None
+        with pytest.raises(FilterError):
+            view.filter("~api (")
+        view.filter("~api Fetch | ~api Produce")
+        # flows to come are filtered too
+        await roundtrip_async("kafka-python", bootstrap_of(proxy), ["c"],
+                              topic=unique("t"), group=unique("g"))
+        await proxy.pipeline.drained()
+    wanted = [str(f.id) for f in rec.flows if f.api_name in ("Fetch", "Produce")][-100:]
+    assert shown() == wanted
+
+
+def test_browse_starts_with_the_filter_and_errors_given():
+    from kinspect.capture import load_capture
+    from kinspect.filters import parse as parse_filter
+
+    flows = load_capture(EXAMPLE).flows
+    # (the filter language is tested on its own: here, that browse starts with both)
+    want = parse_filter("(~api Produce | ~api Metadata) & (~err)")
+    n = sum(want.matches(f) for f in flows)
+    term = Terminal("show", EXAMPLE, "--browse", "--filter", "~api Produce | ~api Metadata",
+                    "--errors")
+    try:
+        term.read_until(rf"{n} of {len(flows)} flows   filter \(~api Produce \| ~api "
+                        rf"Metadata\) & \(~err\)")
+        term.type(b"q")
+        assert term.proc.wait(30) == 0
+    finally:
+        term.close()

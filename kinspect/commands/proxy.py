@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "decode every request and response, show them live. "
                                    "In the live view, Up/Down select a row, Enter opens "
                                    "its flow decoded, Esc goes back, End follows the "
-                                   "newest rows again.")
+                                   "newest rows again, f types a filter.")
     p.add_argument("--upstream", required=True, metavar="HOST:PORT", type=hostport,
                    help="bootstrap broker to forward to")
     p.add_argument("--listen", default=("127.0.0.1", 19092), metavar="HOST:PORT", type=hostport,

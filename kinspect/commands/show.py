@@ -12,7 +12,8 @@ Examples::
 
 ``--browse`` pages through the flow table at a terminal: Up/Down, PgUp/PgDn,
 Home/End select a row, Enter opens its flow decoded (n/p: the next or previous
-flow, x: its frames' bytes too, Esc: back to the table), q quits.
+flow, x: its frames' bytes too, Esc: back to the table), f types a filter (--filter
+and --errors give the one it starts with), q quits.
 """
 
 from __future__ import annotations
@@ -134,10 +135,16 @@ def run(args: argparse.Namespace) -> int:
     # (printable: the session line's upstream is the capture file's text, as the rows are)
     title = printable(f"{args.capture}: {len(flows)} of {len(cap.flows)} flows"
                       + (f" · upstream {sess.get('upstream')}" if sess.get("upstream") else ""))
-    if args.browse:
+    if args.browse:  # every flow: a filter typed there may want any of them
         from ..tui import browse
 
-        browse(flows, title, codec=codec, topic_ids=ids, bytes_limit=limit)
+        # one expression the view can show and edit (each part parsed on its own
+        # above, so each is whole: in parentheses it means what it meant alone)
+        match = parse(" & ".join(f"({x.text})" for x in filters),
+                      api_names(codec)) if filters else None
+        browse(cap.flows, printable(f"{args.capture} · upstream {sess.get('upstream')}"
+                                    if sess.get("upstream") else str(args.capture)),
+               codec=codec, topic_ids=ids, bytes_limit=limit, match=match)
         return 0
     console.print(flow_table(flows, ids, title=title))
     return 0
