@@ -952,6 +952,26 @@ def test_changes_that_cancel_out_are_not_applied(codec):
                           "forwarded unchanged"]
 
 
+def test_a_rule_with_nothing_to_change_encodes_nothing(codec, monkeypatch):
+    """A strip with nothing to strip forwards the frame as received without encoding
+    anything: the check that re-encoding gives back the frame's bytes runs only
+    when a rule changed something (a 1 MiB Fetch answer costs an encode of 1 MiB)."""
+    args = parse_args("--strip", "Metadata:response:Topics[]:unknown")
+    rs = RuleSet(rules_from_args(args), codec)
+    encodes = []
+    real = codec.encode_response
+    monkeypatch.setattr(codec, "encode_response",
+                        lambda *a, **k: encodes.append(1) or real(*a, **k))
+    flow = flow_for(codec, METADATA, 12)
+    assert rs.mutate_response(flow, metadata_v12_response()) is None
+    assert encodes == [] and rs.rules[0].stats.no_target == 1
+    # (a rule that changes something checks, and encodes the changed answer)
+    rs = RuleSet(rules_from_args(parse_args("--inject",
+                                            "Metadata:response:Topics[]:tag=99:hex=cafe")), codec)
+    assert rs.mutate_response(flow_for(codec, METADATA, 12), metadata_v12_response())
+    assert len(encodes) == 2
+
+
 async def test_rule_order_through_the_proxy(tansu):
     """End to end, kafka-python through the proxy to Tansu: with --strip before
     --inject the client gets tag 99 in every topic of the Metadata answers; with the

@@ -53,7 +53,7 @@ import re
 import struct as _struct
 import uuid as _uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1198,7 +1198,8 @@ class RuleSet:
         except DecodeError as e:
             self._note_error(flow, rules, "decode the request", e)
             return None
-        return self._finish(flow, req, REQUEST, rules, frame)
+        return self._finish(flow, req, REQUEST, rules, frame,
+                            lambda: self.codec.decode_request(frame))
 
     def mutate_response(self, flow: Any, frame: bytes) -> bytes | None:
         """The proxy's ``response_mutator``: ``(flow, frame) -> bytes | None``
@@ -1216,28 +1217,32 @@ class RuleSet:
         except DecodeError as e:
             self._note_error(flow, rules, "decode the response", e)
             return None
-        return self._finish(flow, resp, RESPONSE, rules, frame)
+        return self._finish(flow, resp, RESPONSE, rules, frame,
+                            lambda: self.codec.decode_response(frame, flow.api_key,
+                                                               flow.api_version))
 
     def _finish(self, flow: Any, msg: Any, direction: str, rules: tuple,
-                frame: bytes) -> bytes | None:
+                frame: bytes, decode: Callable[[], Any]) -> bytes | None:
         """Apply the rules to the decoded ``msg`` of ``frame`` and return the frame
         to send, or ``None`` to forward ``frame`` as it is. That happens when no rule
         changed anything; when the frame is not in the encoding the codec writes
         (losslessness: re-encoding the decoded frame unchanged must give back its
         exact bytes, else a rule would also rewrite bytes it never targeted:
         non-minimal varints, boolean bytes other than 0 or 1, unknown tags out of
-        order, KIP-482); when the rules' changes cancel out; or on an error."""
+        order, KIP-482); when the rules' changes cancel out; or on an error.
+        ``decode()`` decodes ``frame`` again (the check's unchanged copy: made only
+        when a rule changed ``msg``, so frames a rule leaves alone cost no encode)."""
         notes = flow.notes if flow is not None else None
         changed: list[Rule] = []
         encode = self.codec.encode_request if direction == REQUEST else self.codec.encode_response
         try:
-            try:
-                again: bytes | KinspectError = encode(msg)
-            except KinspectError as e:
-                again = e
             changed = self.apply(msg, direction, notes)
             if not changed:
                 return None
+            try:
+                again: bytes | KinspectError = encode(decode())
+            except KinspectError as e:
+                again = e
             if again != frame:
                 self._undo_applied(changed, notes)
                 if isinstance(again, KinspectError):
