@@ -196,7 +196,7 @@ class LiveView:
         self._top = 0  # first row of the table's window while a row is selected
         self._page = 10  # rows in the table at the last redraw
         self._detail_lines: list[list[Segment]] | None = None  # the detail, rendered
-        self._detail_width = 0  # ... at this width
+        self._detail_for: tuple | None = None  # ... of (flow id, frames, width)
         self._detail_top = 0
         #: the open flow's frames are shown as hex dumps too (key ``x``)
         self.frames = False
@@ -366,9 +366,11 @@ class LiveView:
             old = held.pop(next(iter(held)))
             self._held_bytes -= len(old.request) + len(old.response or b"")
 
-    def waiting_rows(self, n: int) -> list[tuple[dict[str, str], str | None]]:
+    def waiting_rows(self, n: int, shown: set[str] | frozenset = frozenset()
+                     ) -> list[tuple[dict[str, str], str | None]]:
         """``(row, style)`` of the (at most ``n``) oldest requests still waiting for
-        their responses that ``match`` selects, oldest first (see the class)."""
+        their responses that ``match`` selects, oldest first (see the class), less
+        the flows whose ids (as rows give them) are in ``shown``."""
         if n <= 0:
             return []
         with self._lock:
@@ -377,8 +379,8 @@ class LiveView:
         codec = self.codec
         out = []
         for flow in waiting:
-            if flow.response is not None:  # answered: shown complete at a next redraw
-                continue
+            if flow.response is not None or str(flow.id) in shown:
+                continue  # answered: shown complete (at a next redraw)
             try:
                 if self.match is not None and \
                         not self.match.matches(flow, topic_ids=self.topic_ids):
@@ -445,7 +447,7 @@ class LiveView:
             t.append(f"   rewritten {s.rewritten}")
         if self.match is not None:
             t.append(f"   filter {printable(self.match.text)}", style="bold")
-        if self.interactive:
+        if self.interactive and (self._keys is None or self._keys.reading):
             t.append(f"   {self._arrows()} select, Enter opens, f filters, End follows"
                      if self.selected is None else
                      f"   #{self.selected} selected: Enter opens, End follows", style="dim")
@@ -467,10 +469,14 @@ class LiveView:
         if self.selected is not None:
             shown = self._window(rows)
         else:
-            waiting = self.waiting_rows(rows // 3)
-            done = rows - len(waiting)
-            self._render(done)
-            shown = (list(self._rows)[-done:] if done > 0 else []) + waiting
+            # complete rows first: a flow that completes meanwhile is among them, and
+            # not also among the waiting ones
+            self._render(rows)
+            complete = list(self._rows)[-rows:] if rows > 0 else []
+            waiting = self.waiting_rows(rows // 3, {r["id"] for r, _ in complete})
+            shown = complete[len(complete) - (rows - len(waiting)):] if \
+                rows - len(waiting) > 0 else []
+            shown += waiting
         heads = [h for _, h, _ in COLUMNS]
         cells = [[row[k] or "" for k, _, _ in COLUMNS] for row, _ in shown]
         encoding = self.console.encoding
@@ -616,15 +622,13 @@ class LiveView:
 
     def _open(self, flow_id: int) -> None:
         self.detail = flow_id
-        self._detail_lines = None
-        self._detail_width = 0
+        self._detail_lines = self._detail_for = None
         self._detail_top = 0
 
     def _detail_key(self, name: str) -> None:
         if name in ("esc", "left", "h", "backspace", "q"):
             self.detail = None
-            self._detail_lines = None
-            self._detail_width = 0
+            self._detail_lines = self._detail_for = None
             return
         if name in ("n", "p"):
             kept = list(self._rows)
@@ -633,12 +637,11 @@ class LiveView:
             if i is not None:
                 i = min(max(i + (1 if name == "n" else -1), 0), len(kept) - 1)
                 self.selected = int(kept[i][0]["id"])
-                self._open(self.selected)
+                if self.selected != self.detail:  # (the last or first flow: stays)
+                    self._open(self.selected)
             return
         if name == "x":
             self.frames = not self.frames
-            self._detail_lines = None
-            self._detail_width = 0
             return
         page = max(self._page - 1, 1)
         step = {"up": -1, "k": -1, "down": 1, "j": 1, "pgup": -page, "pgdn": page,
@@ -655,43 +658,44 @@ class LiveView:
         except Exception:  # noqa: BLE001 - a key must not end the view
             log.exception("live view: key %r failed", name)
 
-    def _detail_view(self, width: int, height: int) -> Group:
-        """The open flow, decoded, as lines scrolled to ``_detail_top``. (Rendered
-        once per flow and width, outside the lock: the event loop's ``on_flow``
-        takes it, and a large flow's tree takes a while.)"""
+    def _detail_view(self, detail: int, width: int, height: int) -> Group:
+        """Flow ``detail``, decoded, as lines scrolled to ``_detail_top``. (Rendered
+        once per flow, hex dumps or not, and width, outside the lock: the event
+        loop's ``on_flow`` takes it, and a large flow's tree takes a while.)"""
+        key = (detail, self.frames, width)
         with self._lock:
-            detail = self.detail
-            flow = self._held.get(detail) if detail is not None else None
-            lines = self._detail_lines if self._detail_width == width else None
+            flow = self._held.get(detail)
+            lines = self._detail_lines if self._detail_for == key else None
         if lines is None:
             options = self.console.options.update(width=width, height=None)
             if flow is None:
                 what: Any = Text(f"flow #{detail} is not held any more: the view holds the "
-                                 f"flows of its last {self.keep} rows, at most "
+                                 f"last {self.keep} flows, at most "
                                  f"{(self.hold_bytes or 0) >> 20} MiB of frames",
                                  style="yellow")
             else:
                 what = flow_tree(flow, self.codec, topic_ids=self.topic_ids,
-                                 limit=self.bytes_limit, frames=self.frames,
+                                 limit=self.bytes_limit, frames=key[1],
                                  frames_limit=FRAMES_SHOWN)
             lines = self.console.render_lines(what, options, pad=False)
             with self._lock:
                 if self.detail == detail:
-                    self._detail_lines, self._detail_width = lines, width
+                    self._detail_lines, self._detail_for = lines, key
         with self._lock:
             top = self._detail_top = max(0, min(self._detail_top, len(lines) - height))
         shown = lines[top:top + height]
         status = Text(f" #{detail}  lines {top + 1}-{top + len(shown)} of {len(lines)}   "
                       f"{self._arrows()} PgUp PgDn scroll   n/p next/previous flow   "
-                      f"x {'hides' if self.frames else 'shows'} bytes   Esc back",
+                      f"x {'hides' if key[1] else 'shows'} bytes   Esc back",
                       style="dim")
         return Group(status, _Lines(shown))
 
     def __rich__(self) -> Group:
         console = self.console
         width, height = console.size
-        if self.detail is not None:
-            return self._detail_view(width, max(height - 3, 3))
+        detail = self.detail
+        if detail is not None:
+            return self._detail_view(detail, width, max(height - 3, 3))
         header = self.header()
         # the header wraps on a narrow terminal: the table gets the lines left, less
         # its heading line and the line rich's Live leaves for the cursor (rows past
@@ -735,15 +739,22 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
     view._render(None)
     if flows:
         view.key("home")
-    view.start(keys=sys.stdin.fileno() if keys is None else keys)
+    # SIGTERM, SIGHUP (the terminal closed) and SIGQUIT (Ctrl-\\) end the browsing as
+    # q does, so that the terminal's mode is put back (a signal's default action
+    # would end the process on the spot, with the terminal in cbreak mode)
+    stops = [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT]
+    before = {sig: signal.signal(sig, lambda *_: done.set()) for sig in stops}
     try:
+        view.start(keys=sys.stdin.fileno() if keys is None else keys)
         while not done.wait(0.2):
-            if view._keys is None or not view._keys.reading:
+            if view._keys is None or not view._keys.running:
                 break  # no keys to read (the terminal went away)
     except KeyboardInterrupt:
         pass
     finally:
         view.close()
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 class TableLines:
@@ -842,40 +853,50 @@ class KeyReader:
     """Read keys from a terminal on a thread of its own and hand each to
     ``on_key(name)`` (names from :func:`parse_keys`).
 
-    :meth:`start` puts the terminal in cbreak mode (no echo, keys as they are typed;
-    Ctrl-C still sends SIGINT) and :meth:`stop` (also run at exit) puts it back as it
-    was. A terminal that cannot be put in cbreak mode (not a terminal), or of which
-    this process is not in the foreground (``kinspect proxy &``: changing or reading
-    it would stop the process, SIGTTOU/SIGTTIN), is left alone and no keys are read;
-    keys are not read either while the process is in the background later."""
+    While this process is in the terminal's foreground, the terminal is in cbreak
+    mode (no echo, keys as they are typed; Ctrl-C still sends SIGINT), set again
+    should something else put it back in line mode (a shell after Ctrl-Z and
+    ``fg``). In the background (``kinspect proxy &``, or ``bg``) the terminal and
+    its keys belong to the foreground program: nothing is read and the mode is left
+    alone (reading or changing it would stop this process: SIGTTIN, SIGTTOU).
+    :meth:`stop` (also run at exit) puts back the mode the terminal had before,
+    from the foreground only. A file descriptor that is not a terminal is left
+    alone and no keys are read."""
+
+    #: seconds between looks at the foreground and the terminal's mode
+    POLL = 0.5
 
     def __init__(self, fd: int, on_key: Any):
         self.fd = fd
         self.on_key = on_key
+        #: the terminal's mode before the first cbreak (put back at the end)
         self._saved: list | None = None
+        self._engaged = False  # cbreak mode set, this process in the foreground
+        self._stopped = False
+        self._lock = threading.Lock()  # setting the mode (the thread) vs putting it back
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name="kinspect-keys", daemon=True)
 
     def start(self) -> "KeyReader":
         import termios
-        import tty
 
         try:
-            if not self._foreground():
-                return self
-            self._saved = termios.tcgetattr(self.fd)
-            tty.setcbreak(self.fd, termios.TCSANOW)
-        except (termios.error, OSError):
-            self._saved = None
+            termios.tcgetattr(self.fd)
+        except (termios.error, OSError):  # not a terminal
             return self
         atexit.register(self._restore)  # (should the process end without stop())
         self._thread.start()
         return self
 
     @property
-    def reading(self) -> bool:
-        """Whether keys are being read (the terminal is in cbreak mode)."""
+    def running(self) -> bool:
+        """Whether keys are read, or will be once this process is in the foreground."""
         return self._thread.is_alive()
+
+    @property
+    def reading(self) -> bool:
+        """Whether keys are being read now (cbreak mode, in the foreground)."""
+        return self._engaged and self._thread.is_alive()
 
     def _foreground(self) -> bool:
         """Whether this process is in the terminal's foreground process group (a
@@ -886,14 +907,37 @@ class KeyReader:
         except OSError:
             return True
 
+    def _engage(self) -> bool:
+        """Put the terminal in cbreak mode unless it is (from the foreground); False
+        when that cannot be done."""
+        import termios
+        import tty
+
+        with self._lock:
+            if self._stopped:
+                return False
+            try:
+                mode = termios.tcgetattr(self.fd)
+                if self._saved is None:
+                    self._saved = mode
+                if mode[3] & (termios.ICANON | termios.ECHO):
+                    tty.setcbreak(self.fd, termios.TCSANOW)
+            except (termios.error, OSError):
+                return False
+            self._engaged = True
+            return True
+
     def _run(self) -> None:
         while True:
             try:
-                if not self._foreground():  # in the background now: wait for the front
-                    if select.select([self._wake_r], [], [], 0.5)[0]:
+                if not self._foreground():  # the foreground program's terminal now
+                    self._engaged = False
+                    if select.select([self._wake_r], [], [], self.POLL)[0]:
                         return
                     continue
-                ready, _, _ = select.select([self.fd, self._wake_r], [], [], 0.5)
+                if not self._engage():
+                    return
+                ready, _, _ = select.select([self.fd, self._wake_r], [], [], self.POLL)
                 if self._wake_r in ready:
                     return
                 if not ready:
@@ -914,7 +958,7 @@ class KeyReader:
         except OSError:
             pass
         if self._thread.is_alive():
-            self._thread.join(1.0)
+            self._thread.join(2 * self.POLL)
         self._restore()
         for fd in (self._wake_r, self._wake_w):
             try:
@@ -925,12 +969,17 @@ class KeyReader:
     def _restore(self) -> None:
         import termios
 
-        saved, self._saved = self._saved, None
+        with self._lock:
+            self._stopped = True
+            saved, self._saved = self._saved, None
+            self._engaged = False
         if saved is None:
             return
         atexit.unregister(self._restore)
-        # from the background, tcsetattr would stop the process (SIGTTOU) unless the
-        # signal is ignored; the handler can only be changed on the main thread
+        if not self._foreground():  # the foreground program's mode: not ours to set
+            return
+        # (should it go to the background right now, tcsetattr would stop the process,
+        # SIGTTOU, unless the signal is ignored; a handler is set on the main thread only)
         main = threading.current_thread() is threading.main_thread()
         old = signal.signal(signal.SIGTTOU, signal.SIG_IGN) if main else None
         try:

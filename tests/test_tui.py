@@ -605,25 +605,29 @@ def test_a_view_that_is_not_interactive_ignores_keys_and_holds_no_flow():
 #: process leads a session with the terminal as its controlling terminal, and the
 #: command runs in a process group of its own, in the terminal's foreground, or with
 #: "--background" first in the arguments, in the background (``command &``: this
-#: process's group stays in the foreground). Signals INT and TERM are passed on to
-#: the command. Exit status: the command's, or 99 if it was stopped (SIGTTOU or
-#: SIGTTIN; it is then killed).
+#: process's group stays in the foreground). SIGUSR1 puts the command in the
+#: background (as Ctrl-Z and ``bg`` do, without the stop), SIGUSR2 in the foreground
+#: (``fg``). Signals INT and TERM are passed on to the command. Exit status: the
+#: command's, or 99 if it was stopped (SIGTTOU or SIGTTIN; it is then killed).
 _AT_A_TERMINAL = """
 import fcntl, os, signal, sys, termios
 background = sys.argv[1] == "--background"
 argv = sys.argv[2 if background else 1:]
 os.setsid()
 fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+signal.signal(signal.SIGTTOU, signal.SIG_IGN)  # (to hand the foreground around)
 pid = os.fork()
 if pid == 0:
     os.setpgid(0, 0)
     if not background:
-        signal.signal(signal.SIGTTOU, signal.SIG_IGN)
         os.tcsetpgrp(0, os.getpgrp())
-        signal.signal(signal.SIGTTOU, signal.SIG_DFL)
+    signal.signal(signal.SIGTTOU, signal.SIG_DFL)
     os.execv(sys.executable, [sys.executable] + argv)
+os.setpgid(pid, pid)
 for sig in (signal.SIGINT, signal.SIGTERM):
     signal.signal(sig, lambda s, _: os.kill(pid, s))
+signal.signal(signal.SIGUSR1, lambda *_: os.tcsetpgrp(0, os.getpgrp()))
+signal.signal(signal.SIGUSR2, lambda *_: os.tcsetpgrp(0, pid))
 _, status = os.waitpid(pid, os.WUNTRACED)
 if os.WIFSTOPPED(status):
     os.kill(pid, signal.SIGKILL)
@@ -636,8 +640,9 @@ os._exit(os.waitstatus_to_exitcode(status))
 
 class Terminal:
     """A pty of 40 x 180 cells running ``python -m kinspect ARGS`` (see
-    :data:`_AT_A_TERMINAL`); what it writes is kept, with escape sequences removed.
-    :meth:`close` stops it (Ctrl-C) and returns its exit status."""
+    :data:`_AT_A_TERMINAL`); what it writes is read as it comes (a full pty would
+    stop its writer) and kept. :meth:`close` stops it (Ctrl-C) and returns its exit
+    status."""
 
     def __init__(self, *args: str, background: bool = False):
         import fcntl
@@ -646,49 +651,79 @@ class Terminal:
         import subprocess
         import sys
         import termios
+        import threading
 
         self.master, self.slave = pty.openpty()
         fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 180, 0, 0))
         self.before = termios.tcgetattr(self.slave)
         self.out = bytearray()
+        self._lock = threading.Lock()
         env = dict(os.environ, TERM="xterm-256color")
         self.proc = subprocess.Popen(
             [sys.executable, "-c", _AT_A_TERMINAL] + (["--background"] if background else [])
             + ["-m", "kinspect", *args],
             stdin=self.slave, stdout=self.slave, stderr=self.slave, env=env)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self.master, 1 << 16)
+            except OSError:  # closed (EIO once every writer is gone, EBADF after close)
+                return
+            if not data:
+                return
+            with self._lock:
+                self.out.extend(data)
+
+    def clear(self) -> None:
+        """Forget what was written so far."""
+        with self._lock:
+            del self.out[:]
 
     def mode(self) -> list:
         import termios
 
         return termios.tcgetattr(self.slave)
 
+    def set_mode(self, mode: list) -> None:
+        """Set the terminal's mode, as the foreground program (a shell) would."""
+        import termios
+
+        termios.tcsetattr(self.slave, termios.TCSANOW, mode)
+
     def type(self, keys: bytes) -> None:
         os.write(self.master, keys)
 
     def screen(self) -> str:
-        import re
-
-        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", self.out.decode("utf-8", "replace"))
+        with self._lock:
+            text = self.out.decode("utf-8", "replace")
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
 
     def read_until(self, pattern: str, timeout: float = 30) -> str:
         """The screen once ``pattern`` (a regular expression) is on it."""
-        import re
-        import select
-
         deadline = time.monotonic() + timeout
         while True:
             text = self.screen()
             if re.search(pattern, text):
                 return text
-            left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
                 raise AssertionError(f"{pattern!r} not on the screen (rc {self.proc.poll()}"
                                      f"; 99: stopped); the screen ends: {text[-2000:]}")
-            if select.select([self.master], [], [], min(left, 0.2))[0]:
-                try:
-                    self.out.extend(os.read(self.master, 1 << 16))
-                except OSError:  # the command closed the terminal
-                    pass
+            time.sleep(0.05)
+
+    def wait_for_mode(self, cbreak: bool, timeout: float = 10) -> None:
+        """Wait until the terminal is in cbreak mode (no echo, no line editing), or
+        is not."""
+        import termios
+
+        deadline = time.monotonic() + timeout
+        while bool(self.mode()[3] & (termios.ECHO | termios.ICANON)) == cbreak:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the terminal is {'not ' if cbreak else ''}in cbreak "
+                                     f"mode after {timeout} s")
+            time.sleep(0.05)
 
     def close(self) -> int:
         """Ctrl-C (if still running), wait for the exit (failing after 30 s), and
@@ -707,8 +742,9 @@ class Terminal:
                 raise AssertionError("kinspect did not stop on Ctrl-C") from None
         finally:
             self.after = self.mode()
-            os.close(self.master)
             os.close(self.slave)
+            os.close(self.master)
+            self._reader.join(5)
 
 
 def test_keys_at_a_terminal_open_a_flow_of_a_real_client_and_the_terminal_is_restored(
@@ -732,7 +768,7 @@ def test_keys_at_a_terminal_open_a_flow_of_a_real_client_and_the_terminal_is_res
         roundtrip("kafka-python", f"127.0.0.1:{port}", ["x"], topic=unique("keys"),
                   group=unique("g"))
         term.read_until(r"Fetch v\d+")
-        del term.out[:]
+        term.clear()
         term.type(b"\x1b[A")  # select the newest row
         term.read_until(r"#\d+ selected", 10)
         term.type(b"\r")  # open it
@@ -769,6 +805,8 @@ def test_a_view_in_the_background_of_its_terminal_leaves_the_terminal_alone(tans
                                          "99: it was stopped, SIGTTOU or SIGTTIN)")
                 time.sleep(0.1)
         assert resp[:4] == (9).to_bytes(4, "big")  # its correlation id
+        term.read_until(rf"127\.0\.0\.1:{port} .*Ctrl-C quits")  # the view's header
+        assert "Enter opens" not in term.screen()  # (no keys: no key hints)
         term.type(b"\x1b[A\r")  # keys for the foreground, not for the view
         time.sleep(0.5)
         assert term.proc.poll() != 99, "the proxy was stopped (SIGTTOU or SIGTTIN)"
@@ -792,12 +830,12 @@ def test_a_capture_is_browsed_with_the_keys_at_a_terminal():
     try:
         term.read_until(rf"#{first.id} selected")
         term.read_until(r"q quits")
-        del term.out[:]
+        term.clear()
         term.type(b"\r")
         text = term.read_until(r"Esc back", 10)
         assert f"#{first.id} {first.api_name} v{first.api_version}" in text
         assert re.search(r"header v\d", text) and f"ClientId: '{first.client_id}'" in text
-        del term.out[:]
+        term.clear()
         term.type(b"n")
         term.read_until(rf"#{second.id} {second.api_name} v{second.api_version}", 10)
         term.type(b"\x1b")
@@ -892,3 +930,61 @@ def test_browse_starts_with_the_filter_and_errors_given():
         assert term.proc.wait(30) == 0
     finally:
         term.close()
+
+
+def test_a_view_sent_to_the_background_and_back_leaves_the_terminal_to_the_front():
+    """``kinspect show --browse`` put in the background (as Ctrl-Z and ``bg`` do)
+    leaves the terminal's mode to the foreground program, and does not set it back
+    on exit from there; back in the foreground (``fg``, after which a shell has put
+    the terminal in line mode), it reads keys in cbreak mode again."""
+    import signal
+    import termios
+
+    from kinspect.capture import load_capture
+
+    flows = load_capture(EXAMPLE).flows
+    term = Terminal("show", EXAMPLE, "--browse")
+    # the foreground program's own mode: no echo, line editing (neither the mode the
+    # terminal had, nor cbreak)
+    theirs = term.mode()
+    theirs[3] &= ~termios.ECHO
+    try:
+        term.read_until(rf"#{flows[0].id} selected")
+        term.wait_for_mode(cbreak=True)
+        term.proc.send_signal(signal.SIGUSR1)  # to the background
+        time.sleep(0.3)
+        term.set_mode(theirs)
+        time.sleep(1.5)  # three looks of the key reader at the foreground
+        assert term.mode() == theirs, "a view in the background changed the mode"
+        assert term.proc.poll() is None, "stopped in the background"
+        term.proc.send_signal(signal.SIGUSR2)  # back to the foreground, in line mode
+        term.set_mode(term.before)
+        term.wait_for_mode(cbreak=True)
+        term.clear()
+        term.type(b"j")  # a key, without Enter
+        term.read_until(rf"#{flows[1].id} selected", 10)
+        term.proc.send_signal(signal.SIGUSR1)  # to the background again, and stopped
+        time.sleep(0.3)
+        term.set_mode(theirs)
+    finally:
+        rc = term.close()
+    assert rc == 0
+    assert term.after == theirs, "the view set its mode over the foreground program's"
+
+
+def test_browse_ended_by_a_signal_puts_the_terminal_back():
+    """SIGTERM (and SIGHUP, Ctrl-\\) end ``show --browse`` as q does: with the
+    terminal's mode put back (a signal's default action would leave it in cbreak
+    mode)."""
+    import signal
+
+    term = Terminal("show", EXAMPLE, "--browse")
+    try:
+        term.read_until(r"q quits")
+        term.wait_for_mode(cbreak=True)
+        term.proc.send_signal(signal.SIGTERM)
+        rc = term.proc.wait(30)
+    finally:
+        term.close()
+    assert rc == 0
+    assert term.after == term.before, "the terminal was not put back"

@@ -170,8 +170,9 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
 
 
 def _install_signals(stop: asyncio.Event, again: asyncio.Event | None = None) -> None:
-    """Stop on SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed): by default
-    SIGHUP kills the process at once, and ``kinspect demo`` would leave its broker
+    """Stop on SIGINT (Ctrl-C), SIGTERM, SIGHUP (the terminal closed) and SIGQUIT
+    (Ctrl-\\): by default SIGHUP and SIGQUIT kill the process at once, which would
+    leave the terminal in the live view's cbreak mode, and ``kinspect demo``'s broker
     (in a session of its own, so not hung up with the terminal) running. A signal
     after the first sets ``again`` (given): stop now, without waiting any more."""
     loop = asyncio.get_running_loop()
@@ -181,7 +182,7 @@ def _install_signals(stop: asyncio.Event, again: asyncio.Event | None = None) ->
             again.set()
         stop.set()
 
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         try:
             loop.add_signal_handler(sig, on_signal)
         except (NotImplementedError, RuntimeError):  # pragma: no cover - non-Unix
