@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import socket
@@ -238,7 +239,7 @@ def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, t
                              tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--no-tui",
                              "--capture", str(capture)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -259,8 +260,13 @@ def test_proxy_killed_outright_leaves_a_whole_capture_and_a_quiet_child(tansu, t
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
     # the child shares the proxy's stderr: end of file once it has exited too
-    err = "".join(stderr_lines_until(proc, lambda line: False,
-                                     "end of stderr (the capture child's exit)"))
+    try:
+        err = "".join(stderr_lines_until(proc, lambda line: False,
+                                         "end of stderr (the capture child's exit)"))
+    except AssertionError:  # the child lives on: it is in the proxy's process group
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        raise
     proc.stderr.close()
     assert "Broken pipe" not in err and "capture process" not in err, err
     flows = load_capture(capture).flows
@@ -400,7 +406,7 @@ def test_the_capture_names_the_port_the_proxy_listens_on(tansu, tmp_path):
                              tansu.bootstrap, "--listen", "127.0.0.1:0", "--no-tui",
                              "--capture", str(capture)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL, text=True)
+                            stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:
         # "kinspect: capturing to ...", then "listening on ..."
         err = stderr_lines_until(proc, lambda line: "listening on" in line,

@@ -246,8 +246,8 @@ async def wait_for(predicate, timeout: float = 10.0, what="condition") -> None:
 
 
 class PauseWatch:
-    """What "the proxy stops reading" means, looked at every event-loop iteration
-    while a test's traffic runs (``async with PauseWatch(proxy) as watch``): while
+    """What "the proxy stops reading" means, looked at every millisecond while a
+    test's traffic runs (``async with PauseWatch(proxy) as watch``): while
     the proxy is overloaded (``Proxy.overload``), no open connection's transport
     reads, client side or broker side, and not one byte more is read from clients
     or brokers while the same overload lasts (``stats.overloads`` unchanged).
@@ -296,7 +296,10 @@ class PauseWatch:
         last = None
         while len(self.errors) < 20:
             last = self._look(last)
-            await asyncio.sleep(0)  # (every iteration: the watch misses no pause)
+            # every millisecond: a pause lasts at least the pipeline's 10 ms re-check,
+            # and looking at every loop iteration kept the loop busy, changing the
+            # very timing under test
+            await asyncio.sleep(0.001)
 
 
 def run_on(loop: str, main) -> object:
