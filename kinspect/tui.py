@@ -818,9 +818,10 @@ _SINGLE = {b"\r": "enter", b"\n": "enter", b" ": "space", b"\x7f": "backspace",
 def parse_keys(data: bytes) -> list[str]:
     """Key names in bytes read from a terminal in cbreak mode: ``up``, ``down``,
     ``left``, ``right``, ``pgup``, ``pgdn``, ``home``, ``end``, ``enter``, ``esc``,
-    ``space``, ``backspace``, and printable ASCII characters as themselves (``j``,
-    ``G``). An escape sequence not known here is skipped whole (up to its final
-    byte, ECMA-48 CSI); a lone ESC is ``esc``."""
+    ``space``, ``backspace``, and printable characters as themselves (``j``, ``G``,
+    ``é``: UTF-8, as terminals send them). An escape sequence not known here is
+    skipped whole (up to its final byte, ECMA-48 CSI); a lone ESC is ``esc``; other
+    control bytes, and bytes that are not UTF-8, are skipped."""
     keys = []
     i, n = 0, len(data)
     while i < n:
@@ -845,6 +846,17 @@ def parse_keys(data: bytes) -> list[str]:
             keys.append(_SINGLE[b])
         elif 0x21 <= data[i] <= 0x7E:
             keys.append(b.decode("ascii"))
+        elif data[i] >= 0xC2:  # the first byte of a UTF-8 sequence of 2 to 4 bytes
+            size = 2 if data[i] < 0xE0 else 3 if data[i] < 0xF0 else 4
+            try:
+                char = data[i:i + size].decode("utf-8")
+            except UnicodeDecodeError:
+                char = ""
+            if len(char) == 1:
+                if char.isprintable():
+                    keys.append(char)
+                i += size
+                continue
         i += 1
     return keys
 

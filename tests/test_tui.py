@@ -508,6 +508,10 @@ def test_key_names_from_xterm_escape_sequences():
     assert parse_keys(b"\x1b[1;5Aj\x1b") == ["j", "esc"]
     assert parse_keys(b"\r\n \x7fqG\x00\xff") == ["enter", "enter", "space", "backspace",
                                                    "q", "G"]
+    # UTF-8 as a terminal sends it: é is c3 a9, ✓ e2 9c 93, 🙂 f0 9f 99 82 (RFC 3629);
+    # a sequence cut short, or a lead byte alone, is skipped
+    assert parse_keys(bytes.fromhex("c3a9 e29c93 f09f9982") + b"x") == ["é", "✓", "🙂", "x"]
+    assert parse_keys(bytes.fromhex("e29c") + b"y" + bytes.fromhex("c3")) == ["y"]
 
 
 async def test_rows_of_real_flows_are_selected_and_opened(tansu, unique):
@@ -902,6 +906,10 @@ async def test_a_filter_typed_in_the_view_chooses_among_the_flows_it_holds(tansu
         assert view.match is None and shown() == every
         view.key("esc")
         assert view.prompt is None and view.prompt_error is None
+        for name in ["f", *"~client", "space", *'"ü"', "enter"]:  # (typed, not ASCII)
+            view.key(name)
+        assert view.match.text == '~client "ü"' and shown() == []
+        view.filter("")
         with pytest.raises(FilterError):
             view.filter("~api (")
         view.filter("~api Fetch | ~api Produce")
