@@ -29,6 +29,7 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, Iterator, TextIO
 
 from rich.cells import cell_len, set_cell_size
@@ -194,6 +195,7 @@ class LiveView:
         self._held: dict[int, Flow] = {}  # flows behind the rows, oldest first
         self._held_bytes = 0
         self._top = 0  # first row of the table's window while a row is selected
+        self._at = 0  # where the selected row was last found among the rows
         self._page = 10  # rows in the table at the last redraw
         self._detail_lines: list[list[Segment]] | None = None  # the detail, rendered
         self._detail_for: tuple | None = None  # ... of (flow id, frames, width)
@@ -301,7 +303,10 @@ class LiveView:
             self._pending.clear()
             self._pending_bytes = 0
             self._rows.clear()
-        rows = [r for r in (self._row(f) for f in held if self._matches(f)) if r is not None]
+        if self.interactive and self.hold_bytes is None:  # (see _render)
+            rows = [(_LazyRow(f, self.topic_ids), _style(f)) for f in held if self._matches(f)]
+        else:
+            rows = [r for r in (self._row(f) for f in held if self._matches(f)) if r is not None]
         with self._lock:
             if self.match is match:
                 done = self._rows  # (flows that came meanwhile) after the held ones
@@ -347,8 +352,15 @@ class LiveView:
                 pending.clear()
                 self._pending_bytes = 0
             rows = self._rows
+            # a view that holds every flow (a capture's) renders a row when it is shown
+            lazy = self.interactive and self.hold_bytes is None
             for f in take:
-                row = f if type(f) is tuple else self._row(f)  # (rendered on arrival)
+                if type(f) is tuple:  # (rendered on arrival)
+                    row = f
+                elif lazy:
+                    row = (_LazyRow(f, self.topic_ids), _style(f))
+                else:
+                    row = self._row(f)
                 if row is not None:
                     rows.append(row)
 
@@ -537,10 +549,17 @@ class LiveView:
             self.selected = None
             return None
         want = str(self.selected)
+        i = self._at  # where it was last time (rows come and go at the ends only)
+        for at in (i, i - 1, i + 1):
+            if 0 <= at < len(kept) and kept[at][0]["id"] == want:
+                self._at = at
+                return at
         for i in range(len(kept) - 1, -1, -1):
             if kept[i][0]["id"] == want:
+                self._at = i
                 return i
         self.selected = int(kept[0][0]["id"])
+        self._at = 0
         return 0
 
     def key(self, name: str) -> None:
@@ -616,7 +635,7 @@ class LiveView:
                 i = min(max(i + step[name], 0), len(kept) - 1)
             elif name in ("home", "g"):
                 i = 0
-        self.selected = int(kept[i][0]["id"])
+        self.selected, self._at = int(kept[i][0]["id"]), i
         if name in ("enter", "right", "l"):
             self._open(self.selected)
 
@@ -636,7 +655,7 @@ class LiveView:
             i = self._index(kept)
             if i is not None:
                 i = min(max(i + (1 if name == "n" else -1), 0), len(kept) - 1)
-                self.selected = int(kept[i][0]["id"])
+                self.selected, self._at = int(kept[i][0]["id"]), i
                 if self.selected != self.detail:  # (the last or first flow: stays)
                     self._open(self.selected)
             return
@@ -755,6 +774,42 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
         view.close()
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+class _LazyRow(Mapping):
+    """A flow's row (:func:`~kinspect.show.flow_row`), rendered when first read but
+    for its ``id``: the rows of a view holding a whole capture cost nothing until
+    shown. A flow that cannot be rendered is logged and shows as such."""
+
+    __slots__ = ("flow", "topic_ids", "_row")
+
+    def __init__(self, flow: Flow, topic_ids: TopicIds):
+        self.flow = flow
+        self.topic_ids = topic_ids
+        self._row: dict[str, str] | None = None
+
+    def _render(self) -> dict[str, str]:
+        row = self._row
+        if row is None:
+            try:
+                row = flow_row(self.flow, self.topic_ids, quick=True)
+            except Exception:  # noqa: BLE001 - one bad row must not stop the redraws
+                log.exception("live view: cannot render flow #%s", self.flow.id)
+                row = {k: "" for k, _, _ in COLUMNS}
+                row.update(id=str(self.flow.id), api="(cannot be shown)")
+            self._row = row
+        return row
+
+    def __getitem__(self, key: str) -> str:
+        if key == "id" and self._row is None:
+            return str(self.flow.id)
+        return self._render()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._render())
+
+    def __len__(self) -> int:
+        return len(COLUMNS)
 
 
 class TableLines:
