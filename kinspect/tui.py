@@ -12,9 +12,10 @@ rows lazily: a flow waits as it is until a redraw shows it, so under heavy traff
 only the flows that reach the screen cost a row (a few dozen per redraw instead of
 one per flow). The flows waiting are bounded (the newest ``keep``, and at most
 :data:`PENDING_BYTES` of frames; past that the oldest are rendered at once), so the
-view never holds many frames in memory (an interactive view holds those of its rows
-as well, at most :data:`HOLD_BYTES`); a flow of :data:`RENDER_AT_ONCE` bytes or more
-is rendered as it arrives. A flow that cannot be rendered is logged and left out;
+view never holds many frames in memory (an interactive view also holds the last
+``keep`` flows, for their detail and for filters typed later: at most
+:data:`HOLD_BYTES` of frames); a flow of :data:`RENDER_AT_ONCE` bytes or more is
+rendered as it arrives. A flow that cannot be rendered is logged and left out;
 the redraws go on.
 """
 
@@ -181,8 +182,8 @@ class LiveView:
         self.proxy = proxy
         self.console = console or Console()
         self.keep = keep
-        #: rows can be selected and opened (:meth:`key`); the flows behind the rows
-        #: are held for that (at most ``hold_bytes`` of frames)
+        #: rows can be selected and opened (:meth:`key`), and filters typed; the last
+        #: ``keep`` flows are held for that (at most ``hold_bytes`` of frames)
         self.interactive = interactive
         self.codec = codec if codec is not None else getattr(proxy, "codec", None)
         self.hold_bytes = hold_bytes
@@ -192,7 +193,7 @@ class LiveView:
         self.selected: int | None = None
         #: flow id of the flow shown in detail (``None``: the table is shown)
         self.detail: int | None = None
-        self._held: dict[int, Flow] = {}  # flows behind the rows, oldest first
+        self._held: dict[int, Flow] = {}  # the last flows (interactive), oldest first
         self._held_bytes = 0
         self._top = 0  # first row of the table's window while a row is selected
         self._at = 0  # where the selected row was last found among the rows
@@ -569,9 +570,9 @@ class LiveView:
         follow the newest rows again; ``enter`` (``right``, ``l``): open the
         selected row's flow (or the newest), decoded as ``kinspect show --flow``
         shows it; ``f`` (``/``): type a filter (:meth:`filter`; Enter applies it,
-        an empty one shows every flow, Esc leaves it as it was). In a flow: ``up``/``down``, ``pgup``/``pgdn`` (``space``),
-        ``home``/``end`` scroll; ``esc``, ``left`` (``h``), ``backspace`` or ``q``:
-        back to the table; ``n``/``p``: the next or previous flow; ``x``: the
+        an empty one shows every flow, Esc leaves it as it was). In a flow:
+        ``up``/``down``, ``pgup``/``pgdn`` (``space``), ``home``/``end`` scroll;
+        ``esc``, ``left`` (``h``), ``backspace`` or ``q``: back to the table; ``n``/``p``: the next or previous flow; ``x``: the
         frames' bytes as hex dumps too (the first :data:`FRAMES_SHOWN` bytes of
         each), or not."""
         if not self.interactive:
