@@ -304,10 +304,7 @@ class LiveView:
             self._pending.clear()
             self._pending_bytes = 0
             self._rows.clear()
-        if self.interactive and self.hold_bytes is None:  # (see _render)
-            rows = [(_LazyRow(f, self.topic_ids), _style(f)) for f in held if self._matches(f)]
-        else:
-            rows = [r for r in (self._row(f) for f in held if self._matches(f)) if r is not None]
+        rows = [r for r in (self._new_row(f) for f in held if self._matches(f)) if r is not None]
         with self._lock:
             if self.match is match:
                 done = self._rows  # (flows that came meanwhile) after the held ones
@@ -353,17 +350,18 @@ class LiveView:
                 pending.clear()
                 self._pending_bytes = 0
             rows = self._rows
-            # a view that holds every flow (a capture's) renders a row when it is shown
-            lazy = self.interactive and self.hold_bytes is None
             for f in take:
-                if type(f) is tuple:  # (rendered on arrival)
-                    row = f
-                elif lazy:
-                    row = (_LazyRow(f, self.topic_ids), _style(f))
-                else:
-                    row = self._row(f)
+                row = f if type(f) is tuple else self._new_row(f)  # (rendered on arrival)
                 if row is not None:
                     rows.append(row)
+
+    def _new_row(self, flow: Flow) -> tuple[Mapping[str, str], str | None] | None:
+        """The row of a flow joining the table: rendered now (:meth:`_row`), or, in a
+        view that holds every flow (a capture's, ``hold_bytes`` ``None``), when a
+        redraw first shows it (:class:`_LazyRow`)."""
+        if self.interactive and self.hold_bytes is None:
+            return _LazyRow(flow, self.topic_ids), _style(flow)
+        return self._row(flow)
 
     def _hold(self, flow: Flow, size: int) -> None:
         """Keep ``flow`` for its row's detail and for filters typed later (under the
@@ -394,10 +392,9 @@ class LiveView:
         for flow in waiting:
             if flow.response is not None or str(flow.id) in shown:
                 continue  # answered: shown complete (at a next redraw)
+            if not self._matches(flow):
+                continue
             try:
-                if self.match is not None and \
-                        not self.match.matches(flow, topic_ids=self.topic_ids):
-                    continue
                 row = flow_row(flow, self.topic_ids, quick=True)
                 if flow.client_id is None and codec is not None and flow.api_key >= 0:
                     try:  # the header alone (the request is decoded with its response)
