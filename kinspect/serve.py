@@ -28,6 +28,16 @@ versions, else UNKNOWN_SERVER_ERROR (-1); per-topic/per-partition error codes
 mirrored from the request where the api has no top-level one; a clean disconnect
 where the response has no error field to carry it. Nothing a client sends stops
 the server: errors are logged and end only that connection.
+
+One exception: a group member's Heartbeat (api key 12) that the capture holds no
+answer for is answered with success (``ErrorCode`` 0, tier ``"synthesized"``).
+A consumer heartbeats on a timer, so a replay slower than the recording sends
+Heartbeats the recording never saw; the recorded JoinGroup and SyncGroup answers
+already made it a stable member, and "still a member" is what its broker answered
+then. ApiVersions keeps Heartbeat at the recorded broker's version range while
+the capture holds none, so that clients send it instead of failing on an api the
+broker seems to lack (kafka-python then marks the coordinator dead and rejoins
+the group).
 """
 
 from __future__ import annotations
@@ -58,11 +68,13 @@ from .replay import (
 log = logging.getLogger("kinspect.serve")
 
 __all__ = ["CaptureBroker", "ResponseIndex", "Candidate", "ServeStats", "error_response",
-           "UNSUPPORTED_VERSION", "UNKNOWN_SERVER_ERROR"]
+           "UNSUPPORTED_VERSION", "UNKNOWN_SERVER_ERROR", "HEARTBEAT"]
 
 UNSUPPORTED_VERSION = 35
 UNKNOWN_SERVER_ERROR = -1
-EXACT, NORMALIZED, CLOSEST = "exact", "normalized", "closest"
+#: Api key of Heartbeat: answered with success when the capture holds no answer.
+HEARTBEAT = 12
+EXACT, NORMALIZED, CLOSEST, SYNTHESIZED = "exact", "normalized", "closest", "synthesized"
 _SIZE = struct.Struct(">i")
 _HHI = struct.Struct(">hhi").unpack_from
 _MAX_REUSE_DELAY = 1.0
@@ -321,6 +333,7 @@ class ServeStats:
     closest: int = 0
     reused: int = 0
     api_versions_reencoded: int = 0
+    synthesized: int = 0
     unmatched: int = 0
     disconnects: int = 0
     errors: int = 0
@@ -514,6 +527,12 @@ class CaptureBroker:
                 entry["tier"] = "api-versions"
                 self.stats.api_versions_reencoded += 1
                 return out
+        if cand is None and req.api_key == HEARTBEAT and HEARTBEAT not in self.index.versions:
+            out = self._heartbeat(req)
+            if out is not None:
+                entry["tier"] = SYNTHESIZED
+                self.stats.synthesized += 1
+                return out
         if cand is None:
             return self._unmatched(conn, req, entry, needs_response)
         entry["tier"], entry["flow"] = tier, cand.flow.id
@@ -603,15 +622,32 @@ class CaptureBroker:
                 log.warning("cannot encode ApiVersions v%d: %s", version, e)
                 return None
 
+    def _heartbeat(self, req: Request) -> bytes | None:
+        """A successful Heartbeat response to ``req`` (every field at its default:
+        ``ErrorCode`` 0, ``ThrottleTimeMs`` 0), or ``None`` when it cannot be
+        encoded (the request is then unmatched)."""
+        try:
+            hv = self.codec.response_header_version(HEARTBEAT, req.api_version)
+            if hv is None:
+                return None
+            body = self.codec.response_codec(HEARTBEAT).cls()
+            resp = Response(HEARTBEAT, req.api_version, req.correlation_id, hv, None, body, 0,
+                            req.api_name, req.api_version)
+            return self.codec.encode_response(resp)
+        except KinspectError as e:
+            log.warning("cannot encode a Heartbeat v%d response: %s", req.api_version, e)
+            return None
+
     def _narrow_api_versions(self, body: Any) -> None:
         """Advertise only what the recording can answer: each api's version range
         narrowed to the versions recorded, apis never recorded left out (ApiVersions
-        itself stays), so a client negotiates versions that have answers."""
+        itself stays, and Heartbeat, answered without a recording), so a client
+        negotiates versions that have answers."""
         recorded = self.index.versions
         keep = []
         for entry in body.ApiKeys or []:
             versions = recorded.get(entry.ApiKey)
-            if entry.ApiKey == API_VERSIONS:
+            if entry.ApiKey == API_VERSIONS or (entry.ApiKey == HEARTBEAT and not versions):
                 keep.append(entry)
             elif versions:
                 entry.MinVersion, entry.MaxVersion = min(versions), max(versions)

@@ -125,14 +125,17 @@ async def test_api_versions_at_another_version_than_recorded(recorded, version):
     rec = next(f for f in flows if f.api_name == "ApiVersions")
     assert rec.api_version != version
     # serve advertises only what it can answer: each recorded api narrowed to the
-    # versions the capture holds answers for; apis never recorded are left out
+    # versions the capture holds answers for; apis never recorded are left out, but
+    # for Heartbeat (12), answered without a recording at the recorded broker's range
     used: dict[int, set[int]] = {}
     for f in flows:
         if f.api_key >= 0 and f.response is not None:
             used.setdefault(f.api_key, set()).add(f.api_version)
-    want = [(k.ApiKey, min(used[k.ApiKey]), max(used[k.ApiKey])) if k.ApiKey != 18 else
-            (k.ApiKey, k.MinVersion, k.MaxVersion)
-            for k in rec.response_decoded.body.ApiKeys if k.ApiKey in used]
+    assert 12 not in used
+    want = [(k.ApiKey, min(used[k.ApiKey]), max(used[k.ApiKey])) if k.ApiKey not in (12, 18)
+            else (k.ApiKey, k.MinVersion, k.MaxVersion)
+            for k in rec.response_decoded.body.ApiKeys if k.ApiKey in used or k.ApiKey == 12]
+    assert 12 in [k for k, _, _ in want]
     assert len(want) < len(rec.response_decoded.body.ApiKeys)
     async with CaptureBroker(codec(), flows) as broker:
         body = ({} if version < 3 else
@@ -152,6 +155,47 @@ async def test_api_versions_newer_than_any_spec_gets_v0_unsupported_version(reco
     assert got.body.ErrorCode == 35
     assert {k.ApiKey for k in got.body.ApiKeys} >= {0, 1, 3, 18}
     assert 26 not in {k.ApiKey for k in got.body.ApiKeys}  # never recorded: not offered
+
+
+async def test_heartbeat_the_capture_never_saw_is_answered_with_success(recorded):
+    """A member heartbeats on a timer: a replay slower than the recording sends
+    Heartbeats it never saw. Each version the recorded broker offered is answered
+    ErrorCode 0 with the client's correlation id, counted as synthesized."""
+    c = codec()
+    flows = load_flows(recorded, c)
+    assert not [f for f in flows if f.api_name == "Heartbeat"]
+    offered = next(k for k in next(f for f in flows if f.api_name == "ApiVersions")
+                   .response_decoded.body.ApiKeys if k.ApiKey == 12)
+    versions = range(offered.MinVersion, offered.MaxVersion + 1)
+    assert len(versions) > 1
+    frames = [request_bytes(12, v, 40 + v, GroupId=GROUP, GenerationId=1, MemberId="m")
+              for v in versions]
+    async with CaptureBroker(c, flows) as broker:
+        answers = await exchange(*broker.address, frames)
+    for v, resp in zip(versions, answers):
+        got = c.decode_response(resp, 12, v)
+        assert (got.correlation_id, got.body.ErrorCode) == (40 + v, 0)
+    assert broker.stats.synthesized == len(versions) and broker.stats.unmatched == 0
+    assert {e["tier"] for e in broker.served} == {"synthesized"}
+
+
+async def test_a_consumer_that_heartbeats_stays_in_its_group(recorded):
+    """kafka-python heartbeating every 20 ms through serve (the recording saw no
+    Heartbeat): it consumes and commits without rejoining its group. Before
+    Heartbeat was answered, kafka-python found it missing from ApiVersions, marked
+    the coordinator dead and rejoined, and commit() then raised
+    RebalanceInProgressError in some runs."""
+    flows = load_flows(recorded, codec())
+    joins = [f.id for f in flows if f.api_name == "JoinGroup"]
+    async with CaptureBroker(codec(), flows) as broker:
+        consumed = await roundtrip_async("kafka-python", "%s:%d" % broker.address, VALUES,
+                                         topic=TOPIC, group=GROUP, timeout=20,
+                                         heartbeat_interval_ms=20)
+    assert consumed == VALUES
+    beats = [e for e in broker.served if e["api"] == "Heartbeat"]
+    assert beats and {e["tier"] for e in beats} == {"synthesized"}, broker.served
+    assert [e["flow"] for e in broker.served if e["api"] == "JoinGroup"] == joins
+    assert not [e for e in broker.served if e["tier"] in (None, "unmatched")], broker.served
 
 
 def _request(api_key: int, version: int, corr: int, body) -> bytes:

@@ -87,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"served {s.requests} request(s) on {s.connections} connection(s): "
                   f"{s.exact} exact, {s.normalized} equal after ignoring volatile fields, "
                   f"{s.closest} closest, {s.reused} reused, {s.api_versions_reencoded} "
-                  f"ApiVersions re-encoded, {s.unmatched} unmatched, {s.disconnects} "
+                  f"ApiVersions re-encoded, {s.synthesized} Heartbeat(s) answered without a "
+                  f"recording, {s.unmatched} unmatched, {s.disconnects} "
                   f"disconnect(s), {s.errors} error(s)", highlight=False)
     return 0
