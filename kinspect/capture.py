@@ -1001,20 +1001,25 @@ _INT_BITS = {"conn": 64, "ts_ns": 64, "flow": 64, "api_key": 32, "api_version": 
 _STR_KEYS = ("dir", "client", "upstream", "event")
 
 
+_INT_RANGES = tuple((key, -(1 << (_INT_BITS[key] - 1)), 1 << (_INT_BITS[key] - 1))
+                    for key in _INT_KEYS)
+
+
 def _bad_value(rec: dict[str, Any]) -> str | None:
     """Why a frame or conn record cannot be used (a key that must hold an integer, a
     string or a list of strings holds something else), or ``None``."""
     if rec.get("type", "frame") not in ("frame", "conn"):
         return None
-    for key in _INT_KEYS:
-        v = rec.get(key)
+    get = rec.get
+    for key, low, high in _INT_RANGES:
+        v = get(key)
+        if type(v) is int:
+            if low <= v < high:
+                continue
+            return f"{key!r} must be a {_INT_BITS[key]}-bit integer, got {v}"
         if v is None and (key != "conn" or "conn" not in rec):
             continue  # absent (or a null ts_ns, flow id...: not known)
-        if type(v) is not int:
-            return f"{key!r} must be an integer, got {json.dumps(v)}"
-        bits = _INT_BITS[key]
-        if not -(1 << (bits - 1)) <= v < 1 << (bits - 1):
-            return f"{key!r} must be a {bits}-bit integer, got {v}"
+        return f"{key!r} must be an integer, got {json.dumps(v)}"
     for key in _STR_KEYS:
         v = rec.get(key)
         if v is not None and type(v) is not str:
