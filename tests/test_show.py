@@ -32,6 +32,7 @@ from kinspect.show import (
     flow_table,
     flow_tree,
     frame_diff,
+    print_flow_table,
     records_fields,
     records_summary,
 )
@@ -254,6 +255,125 @@ def test_rewritten_responses_diff_only_in_broker_addresses(cap):
         assert all(ch["path"].rsplit(".", 1)[-1] in ("Host", "Port") for ch in d["fields"])
         assert any(ch["path"].endswith("Port") and ch["before"] != ch["after"]
                    for ch in d["fields"])
+
+
+# ---------------------------------------------------------------------------
+# print_flow_table: what rich prints for flow_table, without its cell-by-cell layout
+# ---------------------------------------------------------------------------
+
+_SGR = re.compile("\x1b\\[([0-9;]*)m")
+
+
+def _styled_chars(ansi: str) -> list[tuple[str, str]]:
+    """Each character printed, with the SGR parameters in force for it (rich closes
+    every styled run with a reset); spaces carry none, whatever their colour: a
+    foreground colour does not show on them, and rich and a table laid out here
+    may cut the runs differently."""
+    out, sgr, pos = [], "", 0
+    for m in _SGR.finditer(ansi + "\x1b[m"):
+        out += [(ch, sgr if ch not in " \n" else "") for ch in ansi[pos:m.start()]]
+        sgr = "" if m.group(1) in ("", "0") else m.group(1)
+        pos = m.end()
+    return out
+
+
+@pytest.fixture(scope="module")
+def odd_flows(cap):
+    """The example's flows, and rows that wrap or are coloured: a client id of wide
+    characters, one too long for its column at 150 columns, an undecodable response
+    (yellow), a five-digit flow id; the example has error rows (red)."""
+    wide, long_id, cut = (copy_flow(f) for f in cap.flows[:2] + [cap.flows[1]])
+    wide.client_id, wide.id = "客户端 " * 12, 1000
+    long_id.client_id, long_id.id = "a-very-long-client-id-" * 6, 100_000
+    cut = copy_flow(cap.flows[1], response=cap.flows[1].response[:-3])
+    cut.id = 1001
+    assert "undecoded" in cut.flags and any(f.error_code for f in cap.flows)
+    return list(cap.flows) + [wide, long_id, cut]
+
+
+@pytest.mark.parametrize("console", [
+    {"width": 100_000, "soft_wrap": True},  # what show prints to a pipe or a file
+    {"width": 150, "force_terminal": True, "color_system": "truecolor"},
+    {"width": 220, "force_terminal": True, "color_system": "256"},
+    {"width": 120},  # the wrapping columns squeezed
+    {"width": 60},  # too narrow for any layout: left to rich
+    {"width": 150, "encoding": "ascii"},  # ASCII box characters
+], ids=["pipe", "150-truecolor", "220-256", "120", "60", "ascii"])
+@pytest.mark.parametrize("title", [None, "capture · upstream h:1", "a long title " * 20])
+def test_print_flow_table_prints_what_rich_prints(odd_flows, console, title):
+    def printed(render) -> str:
+        kw = dict(console)
+        encoding = kw.pop("encoding", "utf-8")
+        raw = io.BytesIO()
+        buf = io.TextIOWrapper(raw, encoding=encoding, errors="backslashreplace",
+                               write_through=True)
+        render(Console(file=buf, **kw))
+        return raw.getvalue().decode(encoding)
+
+    want = printed(lambda c: c.print(flow_table(odd_flows, title=title)))
+    got = printed(lambda c: print_flow_table(c, iter(odd_flows), title=title))
+    assert _SGR.sub("", got) == _SGR.sub("", want)
+    assert _styled_chars(got) == _styled_chars(want)
+    if "color_system" in console:  # the colours were there to compare
+        assert {sgr for _, sgr in _styled_chars(want)} >= {"1", "31", "33"}
+
+
+def test_print_flow_table_title_may_count_the_rows(cap):
+    buf = io.StringIO()
+    n = print_flow_table(Console(file=buf, width=200), (f for f in cap.flows if f.api_key == 0),
+                         title=lambda rows: f"{rows} produce flows")
+    assert n == len(produce_flows(cap)) > 0
+    assert buf.getvalue().split("\n", 1)[0].strip() == f"{n} produce flows"
+
+
+def test_show_lets_each_flow_go_once_its_row_is_made(tmp_path, capsys):
+    """Decoded values take many times a frame's size (an ApiVersions answer of 283
+    bytes decodes into some 60 structs): show decodes each flow for its row and
+    lets it go. What the command's peak memory grows by per flow (tracemalloc,
+    1,000 flows against 4,000, the table written to /dev/null) is less than what
+    one flow held decoded takes (its frames, its row and the table's text take
+    some 2.6 KB a flow, the decoded values 4.2 KB more, rich's table cells more
+    again)."""
+    import contextlib
+    import tracemalloc
+
+    lines = EXAMPLE.read_text().splitlines()
+    session, recs = lines[0], [json.loads(x) for x in lines[1:]]
+    api = [r for r in recs if r.get("type") == "frame" and r.get("flow") == 1]
+
+    def capture(n: int) -> Path:
+        path = tmp_path / f"many-{n}.jsonl"
+        with path.open("w") as fh:
+            fh.write(session + "\n")
+            for i in range(1, n + 1):
+                for r in api:
+                    fh.write(json.dumps({**r, "flow": i, "conn": i}) + "\n")
+        return path
+
+    small, large = capture(1000), capture(4000)
+    held = load_capture(small, CODEC, decode=False).flows
+    tracemalloc.start()
+    try:
+        base, _ = tracemalloc.get_traced_memory()
+        for f in held:
+            decode_flow(CODEC, f)
+        per_flow_decoded = (tracemalloc.get_traced_memory()[0] - base) / len(held)
+        del held, f
+        peaks = []
+        for path in (small, large, small, large):  # (the first run also fills caches)
+            gc.collect()
+            tracemalloc.reset_peak()
+            base, _ = tracemalloc.get_traced_memory()
+            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+                assert cli.main(["show", str(path)]) == 0
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+    finally:
+        tracemalloc.stop()
+    per_flow = (peaks[3] - peaks[2]) / 3000
+    assert per_flow < per_flow_decoded, (per_flow, per_flow_decoded, peaks)
+    assert cli.main(["show", str(large)]) == 0
+    out = capsys.readouterr().out
+    assert "4000 of 4000 flows" in out and out.count("ApiVersions v4") == 4000
 
 
 # ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Iterator
 
 from . import (
     add_spec_options,
@@ -32,6 +33,10 @@ from . import (
     nonnegative_int,
     plain_help,
 )
+
+
+#: api key of Metadata, whose answers name the topics of topic ids
+_METADATA = 3
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +73,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ..capture import load_capture
     from ..filters import TopicIds, parse
-    from ..show import flow_json, flow_summary, flow_table, flow_tree, printable
+    from ..flows import Flow
+    from ..proxy.pipeline import decode_flow
+    from ..show import flow_json, flow_summary, flow_tree, print_flow_table, printable
 
     if args.flow and (args.filter or args.errors):
         # --flow N prints flow N whatever it is: the filter would be ignored silently.
@@ -93,8 +100,14 @@ def run(args: argparse.Namespace) -> int:
     if args.errors:
         filters.append(parse("~err"))
     check_capture_found(args.capture)
-    cap = load_capture(args.capture, codec)
-    ids = TopicIds().learn_all(cap.flows)
+    # decoded flow by flow below, and let go once shown: the decoded values of a
+    # large capture take several times its size in memory
+    cap = load_capture(args.capture, codec, decode=False)
+    ids = TopicIds()
+    for f in cap.flows:  # (topic ids first: a Fetch may name its topics by id only)
+        if f.api_key == _METADATA:
+            decode_flow(codec, f)
+            ids.learn(f)
     if args.bytes_limit is None:  # (JSON is read by programs: nothing cut by default)
         limit = None if args.format == "json" else 64
     else:
@@ -112,6 +125,8 @@ def run(args: argparse.Namespace) -> int:
         docs = []
         for n in args.flow:
             flow = cap.flow(n)
+            if flow is not None:
+                decode_flow(codec, flow)
             if flow is None:
                 print(f"kinspect: error: no flow {n} in {args.capture} "
                       f"(flows {cap.flows[0].id}..{cap.flows[-1].id})" if cap.flows else
@@ -127,15 +142,23 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(docs[0] if len(docs) == 1 else docs, indent=2))
         return rc
 
-    flows = [f for f in cap.flows if all(x.matches(f, topic_ids=ids) for x in filters)]
-    if args.format == "json":
-        print(json.dumps([flow_summary(f, ids) for f in flows], indent=2))
-        return 0
+    def shown() -> Iterator[Flow]:
+        """The flows the filters let through, each decoded while it is looked at."""
+        for f in cap.flows:
+            if f.api_key != _METADATA:  # (Metadata: decoded above, and kept)
+                decode_flow(codec, f)
+            if all(x.matches(f, topic_ids=ids) for x in filters):
+                yield f
+            if f.api_key != _METADATA:
+                f.request_decoded = f.response_decoded = None
+
     sess = cap.session
-    # (printable: the session line's upstream is the capture file's text, as the rows are)
-    title = printable(f"{args.capture}: {len(flows)} of {len(cap.flows)} flows"
-                      + (f" · upstream {sess.get('upstream')}" if sess.get("upstream") else ""))
+    if args.format == "json":
+        print(json.dumps([flow_summary(f, ids) for f in shown()], indent=2))
+        return 0
     if args.browse:  # every flow: a filter typed there may want any of them
+        for f in cap.flows:
+            decode_flow(codec, f)
         from ..tui import browse
 
         # one expression the view can show and edit (each part parsed on its own
@@ -146,5 +169,8 @@ def run(args: argparse.Namespace) -> int:
                                     if sess.get("upstream") else str(args.capture)),
                codec=codec, topic_ids=ids, bytes_limit=limit, match=match)
         return 0
-    console.print(flow_table(flows, ids, title=title))
+    # (printable: the session line's upstream is the capture file's text, as the rows are)
+    print_flow_table(console, shown(), ids, title=lambda n: printable(
+        f"{args.capture}: {n} of {len(cap.flows)} flows"
+        + (f" · upstream {sess.get('upstream')}" if sess.get("upstream") else "")))
     return 0
