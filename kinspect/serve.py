@@ -29,13 +29,14 @@ mirrored from the request where the api has no top-level one; a clean disconnect
 where the response has no error field to carry it. Nothing a client sends stops
 the server: errors are logged and end only that connection.
 
-One exception: a group member's Heartbeat (api key 12) that the capture holds no
-answer for is answered with success (``ErrorCode`` 0, tier ``"synthesized"``).
+One exception: a group member's Heartbeat (api key 12, its body decoded) that the
+capture holds no answer for is answered with success (``ErrorCode`` 0, tier
+``"synthesized"``).
 A consumer heartbeats on a timer, so a replay slower than the recording sends
 Heartbeats the recording never saw; the recorded JoinGroup and SyncGroup answers
 already made it a stable member, and "still a member" is what its broker answered
-then. ApiVersions keeps Heartbeat at the recorded broker's version range while
-the capture holds none, so that clients send it instead of failing on an api the
+then. ApiVersions keeps Heartbeat at the recorded broker's version range (within
+the versions the specs know) while the capture holds none, so that clients send it instead of failing on an api the
 broker seems to lack (kafka-python then marks the coordinator dead and rejoins
 the group).
 """
@@ -527,7 +528,8 @@ class CaptureBroker:
                 entry["tier"] = "api-versions"
                 self.stats.api_versions_reencoded += 1
                 return out
-        if cand is None and req.api_key == HEARTBEAT and HEARTBEAT not in self.index.versions:
+        if (cand is None and req.api_key == HEARTBEAT and req.body is not None
+                and HEARTBEAT not in self.index.versions):
             out = self._heartbeat(req)
             if out is not None:
                 entry["tier"] = SYNTHESIZED
@@ -647,8 +649,17 @@ class CaptureBroker:
         keep = []
         for entry in body.ApiKeys or []:
             versions = recorded.get(entry.ApiKey)
-            if entry.ApiKey == API_VERSIONS or (entry.ApiKey == HEARTBEAT and not versions):
+            if entry.ApiKey == API_VERSIONS:
                 keep.append(entry)
+            elif entry.ApiKey == HEARTBEAT and not versions:
+                # the recorded broker's range, within the versions the specs know
+                # (a version serve cannot decode would end the connection)
+                known = self.codec.registry.request(HEARTBEAT).valid_versions
+                low = max(entry.MinVersion, known.lowest)
+                high = min(entry.MaxVersion, known.highest)
+                if low <= high:
+                    entry.MinVersion, entry.MaxVersion = low, high
+                    keep.append(entry)
             elif versions:
                 entry.MinVersion, entry.MaxVersion = min(versions), max(versions)
                 keep.append(entry)

@@ -179,6 +179,32 @@ async def test_heartbeat_the_capture_never_saw_is_answered_with_success(recorded
     assert {e["tier"] for e in broker.served} == {"synthesized"}
 
 
+async def test_heartbeat_offered_and_answered_only_where_serve_can_decode_it(recorded):
+    """The recorded broker's Heartbeat range is offered within the versions the specs
+    know (a broker offering v99: up to the spec's highest, else a client picking v99
+    would be disconnected); a Heartbeat whose body does not decode is no group
+    member's heartbeat: unmatched, not answered with success."""
+    c = codec()
+    flows = load_flows(recorded, c)
+    rec = next(f for f in flows if f.api_name == "ApiVersions")
+    resp = c.decode_response(rec.response, 18, rec.api_version)
+    hb = next(k for k in resp.body.ApiKeys if k.ApiKey == 12)
+    hb.MaxVersion = 99
+    rec.response = c.encode_response(resp)
+    rec.response_decoded = resp
+    known = c.registry.request(12).valid_versions
+    bad_body = request_bytes(12, known.highest, 8, GroupId=GROUP, GenerationId=1,
+                             MemberId="m")[:-3]
+    async with CaptureBroker(c, flows) as broker:
+        (answer, bad) = await exchange(*broker.address, [rec.request, bad_body])
+    offered = next(k for k in c.decode_response(answer, 18, rec.api_version).body.ApiKeys
+                   if k.ApiKey == 12)
+    assert (offered.MinVersion, offered.MaxVersion) == (hb.MinVersion, known.highest)
+    assert c.decode_response(bad, 12, known.highest).body.ErrorCode == -1
+    assert [e["tier"] for e in broker.served if e["api"] == "Heartbeat"] == ["unmatched"]
+    assert broker.stats.synthesized == 0
+
+
 async def test_a_consumer_that_heartbeats_stays_in_its_group(recorded):
     """kafka-python heartbeating every 20 ms through serve (the recording saw no
     Heartbeat): it consumes and commits without rejoining its group. Before
