@@ -472,10 +472,12 @@ def print_flow_table(console: Console, flows: Iterable[Any],
     widths = _column_widths(console, [r for r, _ in rows])
     box = _table_box(console)
     table_width = 0 if widths is None else sum(widths) + 3 * len(widths) - 1
-    if widths is None or table_width > console.width:
-        # wider than the console even with its cells wrapped: rich squeezes columns
-        # down to nothing and crops the lines; left to rich (slow, and rare: the
-        # command gives a terminal's table at least 150 columns)
+    if (widths is None or table_width > console.width
+            or any(w < cell_len(header) for w, (_, header, _) in zip(widths, COLUMNS))):
+        # too wide for the console even with its cells wrapped: rich squeezes columns
+        # below their headers, even to nothing and their padding with them, and crops
+        # the lines; left to rich (slow, and rare: the command gives a terminal's
+        # table at least 150 columns)
         t = _table_shell([r for r, _ in rows], title)
         for row, style in rows:
             t.add_row(*(Text(row[k]) for k, _, _ in COLUMNS), style=style)

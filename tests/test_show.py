@@ -296,9 +296,10 @@ def odd_flows(cap):
     {"width": 150, "force_terminal": True, "color_system": "truecolor"},
     {"width": 220, "force_terminal": True, "color_system": "256"},
     {"width": 120},  # the wrapping columns squeezed
+    {"width": 90},  # squeezed below their headers, some to nothing: left to rich
     {"width": 60},  # too narrow for any layout: left to rich
     {"width": 150, "encoding": "ascii"},  # ASCII box characters
-], ids=["pipe", "150-truecolor", "220-256", "120", "60", "ascii"])
+], ids=["pipe", "150-truecolor", "220-256", "120", "90", "60", "ascii"])
 @pytest.mark.parametrize("title", [None, "capture · upstream h:1", "a long title " * 20])
 def test_print_flow_table_prints_what_rich_prints(odd_flows, console, title):
     def printed(render) -> str:
