@@ -87,6 +87,15 @@ class Flow:
     def complete(self) -> bool:
         return self.response is not None or NO_RESPONSE in self.flags or CLOSED in self.flags
 
+    def copy(self) -> "Flow":
+        """A shallow copy with its own ``flags`` and ``notes``."""
+        other = Flow.__new__(Flow)
+        for name in Flow.__slots__:
+            setattr(other, name, getattr(self, name))
+        other.flags = set(self.flags)
+        other.notes = list(self.notes)
+        return other
+
     def __repr__(self) -> str:
         return (f"Flow(#{self.id} conn={self.conn} {self.api_name} v{self.api_version} "
                 f"corr={self.correlation_id} flags={sorted(self.flags)})")

@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Iterator, TextIO
+from typing import Any, Callable, Iterator, TextIO
 
 from rich.cells import cell_len, set_cell_size
 from rich.console import Console, ConsoleOptions, Group
@@ -43,6 +43,7 @@ from rich.text import Text
 from .codec import DecodeError
 from .filters import Filter, TopicIds
 from .flows import NO_RESPONSE, Flow
+from .proxy.pipeline import decode_flow
 from .show import COLUMNS, flow_row, flow_tree, printable
 
 #: bytes of frames (requests and responses) of flows waiting to be rendered, past
@@ -178,7 +179,7 @@ class LiveView:
                  refresh_per_second: float = 4.0, match: Filter | None = None,
                  title: str = "kinspect", interactive: bool = False, codec: Any = None,
                  hold_bytes: int | None = HOLD_BYTES, on_quit: Any = None,
-                 bytes_limit: int | None = 64):
+                 bytes_limit: int | None = 64, decode_on_demand: bool = False):
         self.proxy = proxy
         self.console = console or Console()
         self.keep = keep
@@ -188,6 +189,9 @@ class LiveView:
         self.codec = codec if codec is not None else getattr(proxy, "codec", None)
         self.hold_bytes = hold_bytes
         self.on_quit = on_quit
+        #: flows come with their decoded values let go (a capture's, see
+        #: :func:`browse`): a row, a filter and the detail decode a copy of the flow
+        self.decode_on_demand = decode_on_demand
         self.bytes_limit = bytes_limit
         #: flow id of the selected row (``None``: none, the newest rows are followed)
         self.selected: int | None = None
@@ -250,7 +254,7 @@ class LiveView:
         self._bytes.add(now, size)
         self.topic_ids.learn(flow)
         match = self.match
-        matches = match is None or match.matches(flow, topic_ids=self.topic_ids)
+        matches = match is None or match.matches(self._decoded(flow), topic_ids=self.topic_ids)
         with self._lock:  # (a redraw shows it waiting or complete, never both)
             self._waiting.pop(flow.id, None)
             if self.interactive:  # every flow: a filter typed later may want it
@@ -274,12 +278,23 @@ class LiveView:
         if self._pending_bytes > PENDING_BYTES:
             self._render(None, budget=True)
 
+    def _decoded(self, flow: Flow) -> Flow:
+        """``flow``, or with :attr:`decode_on_demand` and its decoded values let go,
+        a decoded copy of it (the flow itself is left as it is: redraws run on two
+        threads)."""
+        if (not self.decode_on_demand or self.codec is None or flow.api_key < 0
+                or flow.request_decoded is not None or flow.response_decoded is not None):
+            return flow
+        copy = flow.copy()
+        decode_flow(self.codec, copy)
+        return copy
+
     def _matches(self, flow: Flow) -> bool:
         """Whether ``match`` selects ``flow`` (a filter that fails on it: no)."""
         if self.match is None:
             return True
         try:
-            return self.match.matches(flow, topic_ids=self.topic_ids)
+            return self.match.matches(self._decoded(flow), topic_ids=self.topic_ids)
         except Exception:  # noqa: BLE001 - one odd flow must not stop the view
             log.exception("live view: filter failed on flow #%s", flow.id)
             return False
@@ -315,7 +330,7 @@ class LiveView:
     def _row(self, flow: Flow) -> tuple[dict[str, str], str | None] | None:
         """``(row, style)`` of a flow, or ``None`` (logged) when it cannot be rendered."""
         try:
-            return flow_row(flow, self.topic_ids, quick=True), _style(flow)
+            return flow_row(self._decoded(flow), self.topic_ids, quick=True), _style(flow)
         except Exception:  # noqa: BLE001 - one bad row must not stop the redraws
             log.exception("live view: cannot render flow #%s", flow.id)
             return None
@@ -360,7 +375,7 @@ class LiveView:
         view that holds every flow (a capture's, ``hold_bytes`` ``None``), when a
         redraw first shows it (:class:`_LazyRow`)."""
         if self.interactive and self.hold_bytes is None:
-            return _LazyRow(flow, self.topic_ids), _style(flow)
+            return _LazyRow(flow, self.topic_ids, self._decoded), _style(flow)
         return self._row(flow)
 
     def _hold(self, flow: Flow, size: int) -> None:
@@ -691,7 +706,7 @@ class LiveView:
                                  f"{(self.hold_bytes or 0) >> 20} MiB of frames",
                                  style="yellow")
             else:
-                what = flow_tree(flow, self.codec, topic_ids=self.topic_ids,
+                what = flow_tree(self._decoded(flow), self.codec, topic_ids=self.topic_ids,
                                  limit=self.bytes_limit, frames=key[1],
                                  frames_limit=FRAMES_SHOWN)
             lines = self.console.render_lines(what, options, pad=False)
@@ -731,7 +746,7 @@ class LiveView:
 def browse(flows: list[Flow], title: str, *, codec: Any = None,
            topic_ids: TopicIds | None = None, console: Console | None = None,
            keys: int | None = None, bytes_limit: int | None = 64,
-           match: Filter | None = None) -> None:
+           match: Filter | None = None, decode_on_demand: bool = False) -> None:
     """Browse flows read from a capture at a terminal, as the live view's keys do
     (:meth:`LiveView.key`), starting at the first flow, until ``q`` (or Ctrl-C).
 
@@ -744,11 +759,15 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
         console: rich console (default: stdout's).
         keys: file descriptor of the terminal to read keys from (default: stdin's).
         bytes_limit: as :class:`LiveView`'s.
+        decode_on_demand: the flows were decoded and their decoded values let go
+            (their ``error_code``, ``client_id``, flags and errors kept): rows,
+            filters and the detail decode a copy when they need one (``codec``
+            required), so a large capture is not held decoded.
     """
     done = threading.Event()
     view = LiveView(None, console=console, keep=max(len(flows), 1), title=title,
                     interactive=True, codec=codec, hold_bytes=None, on_quit=done.set,
-                    bytes_limit=bytes_limit, match=match)
+                    bytes_limit=bytes_limit, match=match, decode_on_demand=decode_on_demand)
     if topic_ids is not None:
         view.topic_ids = topic_ids
     for flow in flows:
@@ -779,18 +798,20 @@ class _LazyRow(Mapping):
     for its ``id``: the rows of a view holding a whole capture cost nothing until
     shown. A flow that cannot be rendered is logged and shows as such."""
 
-    __slots__ = ("flow", "topic_ids", "_row")
+    __slots__ = ("flow", "topic_ids", "decoded", "_row")
 
-    def __init__(self, flow: Flow, topic_ids: TopicIds):
+    def __init__(self, flow: Flow, topic_ids: TopicIds,
+                 decoded: Callable[[Flow], Flow] = lambda flow: flow):
         self.flow = flow
         self.topic_ids = topic_ids
+        self.decoded = decoded  # the flow as rendered (see LiveView._decoded)
         self._row: dict[str, str] | None = None
 
     def _render(self) -> dict[str, str]:
         row = self._row
         if row is None:
             try:
-                row = flow_row(self.flow, self.topic_ids, quick=True)
+                row = flow_row(self.decoded(self.flow), self.topic_ids, quick=True)
             except Exception:  # noqa: BLE001 - one bad row must not stop the redraws
                 log.exception("live view: cannot render flow #%s", self.flow.id)
                 row = {k: "" for k, _, _ in COLUMNS}

@@ -118,3 +118,29 @@ def test_replay_and_analysis_read_error_codes_at_the_answer_version():
          "api_version": 12, "req_frame": req, "resp_frame": resp, "req_ns": 1,
          "resp_ns": 2, "req_flags": [], "resp_flags": [], "resp_sent_bytes": None})
     assert row["error_code"] == 3
+
+
+def test_a_flow_decoded_again_keeps_one_copy_of_its_errors():
+    """A flow whose decoded values were let go (``kinspect show`` does, flow by flow)
+    can be decoded again: its ``undecoded`` flag and error text stay as they were,
+    not doubled; a copy has flags of its own."""
+    from pathlib import Path
+
+    from kinspect.capture import load_capture
+    from kinspect.codec import Codec
+    from kinspect.proxy.pipeline import decode_flow
+
+    codec = Codec()
+    example = Path(__file__).resolve().parents[1] / "captures" / "example.jsonl"
+    flow = load_capture(example, codec, decode=False).flows[1]
+    flow.response = flow.response[:-3]
+    decode_flow(codec, flow)
+    first = flow.error
+    assert "undecoded" in flow.flags and first.startswith("response: ")
+    for _ in range(2):
+        flow.request_decoded = flow.response_decoded = None
+        decode_flow(codec, flow)
+        assert flow.error == first and flow.request_decoded is not None
+    copy = flow.copy()
+    copy.flags.add("x")
+    assert "x" not in flow.flags and copy.error == first and copy.id == flow.id

@@ -595,6 +595,62 @@ def test_an_open_flow_the_view_no_longer_holds_says_so():
     assert view.detail is None and view.selected == flows[-3].id
 
 
+def test_a_capture_browsed_without_its_decoded_values_shows_what_it_would_with():
+    """``show --browse`` lets each flow's decoded values go once its error code and
+    flags are known (a large capture held decoded takes several times its size):
+    rows, filters on decoded fields and the open flow decode a copy when they need
+    one. What they show is what a view of the flows held decoded shows, and the
+    flows are left without decoded values."""
+    from kinspect.capture import load_capture
+    from kinspect.codec import Codec
+    from kinspect.proxy.pipeline import decode_flow
+
+    codec = Codec()
+    decoded = load_capture(EXAMPLE, codec).flows
+    bare = load_capture(EXAMPLE, codec, decode=False).flows
+    cut = bare[1].copy()  # an answer that does not decode: flagged, its error once
+    cut.id, cut.response = 999, cut.response[:-3]
+    for f in bare + [cut]:
+        decode_flow(codec, f)
+        f.request_decoded = f.response_decoded = None
+    assert "undecoded" in cut.flags and cut.error.count("response:") == 1
+    fetch = next(f for f in decoded if f.api_name == "Fetch")
+
+    def view_of(flows, on_demand):
+        console = Console(file=io.StringIO(), width=200, height=200, force_terminal=False)
+        view = LiveView(None, console=console, keep=len(flows), interactive=True,
+                        hold_bytes=None, codec=codec, decode_on_demand=on_demand)
+        for f in flows:
+            view.on_flow(f)
+        return view
+
+    def rows(view):
+        return [dict(r) for r, _ in view.rows]
+
+    want, got = view_of(decoded, False), view_of(bare, True)
+    assert rows(got) == rows(want) and any(r["records"] for r in rows(got))
+    for text in ("~topic example", "~err", "~api Fetch & ~topic example"):
+        want.filter(text)
+        got.filter(text)
+        assert rows(got) == rows(want) and rows(got), text
+    for view in (want, got):
+        view.filter("~api Fetch")
+        view.key("home")
+        view.key("enter")
+        assert view.detail == fetch.id
+        view.console.file = io.StringIO()
+        view.console.print(view)
+    shown = got.console.file.getvalue()
+    assert shown == want.console.file.getvalue() and "value 'plain-2'" in shown
+    assert not [f for f in bare if f.api_name != "Metadata"
+                and (f.request_decoded or f.response_decoded)]
+    view = view_of([cut], True)
+    for _ in range(3):
+        view.filter("~api Metadata")
+        view.rows
+    assert cut.error.count("response:") == 1
+
+
 def test_a_view_that_is_not_interactive_ignores_keys_and_holds_no_flow():
     view = LiveView(_unstarted_proxy(), console=Console(file=io.StringIO()), keep=5)
     for f in _flows(4):

@@ -157,8 +157,10 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps([flow_summary(f, ids) for f in shown()], indent=2))
         return 0
     if args.browse:  # every flow: a filter typed there may want any of them
-        for f in cap.flows:
-            decode_flow(codec, f)
+        for f in cap.flows:  # (error codes and flags for the rows' colours, then let go)
+            if f.api_key != _METADATA:
+                decode_flow(codec, f)
+                f.request_decoded = f.response_decoded = None
         from ..tui import browse
 
         # one expression the view can show and edit (each part parsed on its own
@@ -167,7 +169,8 @@ def run(args: argparse.Namespace) -> int:
                       api_names(codec)) if filters else None
         browse(cap.flows, printable(f"{args.capture} · upstream {sess.get('upstream')}"
                                     if sess.get("upstream") else str(args.capture)),
-               codec=codec, topic_ids=ids, bytes_limit=limit, match=match)
+               codec=codec, topic_ids=ids, bytes_limit=limit, match=match,
+               decode_on_demand=True)
         return 0
     # (printable: the session line's upstream is the capture file's text, as the rows are)
     print_flow_table(console, shown(), ids, title=lambda n: printable(

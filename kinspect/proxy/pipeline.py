@@ -57,7 +57,8 @@ EVENT_COST = 1024
 def decode_flow(codec: Codec, flow: Flow) -> None:
     """Decode a flow's request and response in place (``request_decoded``,
     ``response_decoded``, ``client_id``, ``error_code``); a failure sets the
-    ``undecoded`` flag and ``error`` instead of raising."""
+    ``undecoded`` flag and ``error`` instead of raising. Decoding a flow again
+    (its decoded values let go) adds no error text it already has."""
     errors = []
     if flow.api_key >= 0 and flow.request_decoded is None and flow.request:
         try:
@@ -81,7 +82,8 @@ def decode_flow(codec: Codec, flow: Flow) -> None:
         flow.error_code = top_level_error_code(resp.body, getattr(resp, "body_version", None))
     if errors:
         flow.flags.add(UNDECODED)
-        flow.error = "; ".join(([flow.error] if flow.error else []) + errors)
+        had = flow.error.split("; ") if flow.error else []
+        flow.error = "; ".join(had + [e for e in errors if e not in had])
 
 
 class Pipeline:
