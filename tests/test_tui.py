@@ -667,7 +667,7 @@ def test_a_view_that_is_not_interactive_ignores_keys_and_holds_no_flow():
 #: "--background" first in the arguments, in the background (``command &``: this
 #: process's group stays in the foreground). SIGUSR1 puts the command in the
 #: background (as Ctrl-Z and ``bg`` do, without the stop), SIGUSR2 in the foreground
-#: (``fg``). Signals INT and TERM are passed on to the command. Exit status: the
+#: (``fg``). Signals INT, TERM, HUP and QUIT are passed on to the command. Exit status: the
 #: command's, or 99 if it was stopped (SIGTTOU or SIGTTIN; it is then killed).
 _AT_A_TERMINAL = """
 import fcntl, os, signal, sys, termios
@@ -684,7 +684,7 @@ if pid == 0:
     signal.signal(signal.SIGTTOU, signal.SIG_DFL)
     os.execv(sys.executable, [sys.executable] + argv)
 os.setpgid(pid, pid)
-for sig in (signal.SIGINT, signal.SIGTERM):
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
     signal.signal(sig, lambda s, _: os.kill(pid, s))
 signal.signal(signal.SIGUSR1, lambda *_: os.tcsetpgrp(0, os.getpgrp()))
 signal.signal(signal.SIGUSR2, lambda *_: os.tcsetpgrp(0, pid))
@@ -1036,17 +1036,18 @@ def test_a_view_sent_to_the_background_and_back_leaves_the_terminal_to_the_front
     assert term.after == theirs, "the view set its mode over the foreground program's"
 
 
-def test_browse_ended_by_a_signal_puts_the_terminal_back():
-    """SIGTERM (and SIGHUP, Ctrl-\\) end ``show --browse`` as q does: with the
-    terminal's mode put back (a signal's default action would leave it in cbreak
-    mode)."""
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGHUP", "SIGQUIT"])
+def test_browse_ended_by_a_signal_puts_the_terminal_back(sig):
+    """SIGTERM, SIGHUP and SIGQUIT (Ctrl-\\) end ``show --browse`` as q does: with
+    the terminal's mode put back (a signal's default action would leave it in
+    cbreak mode; SIGQUIT's would also dump core)."""
     import signal
 
     term = Terminal("show", EXAMPLE, "--browse")
     try:
         term.read_until(r"q quits")
         term.wait_for_mode(cbreak=True)
-        term.proc.send_signal(signal.SIGTERM)
+        term.proc.send_signal(getattr(signal, sig))
         rc = term.proc.wait(30)
     finally:
         term.close()
