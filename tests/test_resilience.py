@@ -1468,11 +1468,13 @@ def test_a_client_that_half_closes_still_gets_its_answers(tansu, loop):
 # SIGTERM / Ctrl-C with a capture
 # ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT],
+                         ids=["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"])
 async def test_signal_delivers_in_flight_frames_and_leaves_a_whole_capture(
         tansu, tmp_path, unique, sig):
-    """Stop ``kinspect proxy --capture`` with a signal under pipelined traffic:
-    every request either gets its response or the connection ends cleanly; the
+    """Stop ``kinspect proxy --capture`` with a signal under pipelined traffic (SIGTERM,
+    Ctrl-C, the terminal closed, Ctrl-\\): every request either gets its response or
+    the connection ends cleanly; the
     process exits 0; every capture line is whole, every request captured is one a
     client sent (in order), and every response a client received is captured."""
     topic = unique("sig")
