@@ -31,14 +31,13 @@ the server: errors are logged and end only that connection.
 
 One exception: a group member's Heartbeat (api key 12, its body decoded) that the
 capture holds no answer for is answered with success (``ErrorCode`` 0, tier
-``"synthesized"``).
-A consumer heartbeats on a timer, so a replay slower than the recording sends
-Heartbeats the recording never saw; the recorded JoinGroup and SyncGroup answers
-already made it a stable member, and "still a member" is what its broker answered
-then. ApiVersions keeps Heartbeat at the recorded broker's version range (within
-the versions the specs know) while the capture holds none, so that clients send it instead of failing on an api the
-broker seems to lack (kafka-python then marks the coordinator dead and rejoins
-the group).
+``"synthesized"``). A consumer heartbeats on a timer, so a replay slower than the
+recording sends Heartbeats the recording never saw; the recorded JoinGroup and
+SyncGroup answers already made it a stable member, and "still a member" is what
+its broker answered then. ApiVersions keeps Heartbeat at the recorded broker's
+version range (within the versions the specs know) while the capture holds none,
+so that clients send it instead of failing on an api the broker seems to lack
+(kafka-python then marks the coordinator dead and rejoins the group).
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ from .filters import TopicIds
 from .flows import has_correlation_id
 
 __all__ = ["COLUMNS", "RecordsField", "records_fields", "records_summary", "flow_summary",
-           "flow_row", "flow_table", "print_flow_table", "flow_tree", "flow_json", "frame_diff", "error_name",
-           "format_time", "format_latency", "printable"]
+           "flow_row", "flow_table", "print_flow_table", "flow_tree", "flow_json", "frame_diff",
+           "error_name", "format_time", "format_latency", "printable"]
 
 #: ``(key, header, justify)`` of the flow table, in order (shared with the live view).
 COLUMNS: list[tuple[str, str, str]] = [
@@ -523,9 +523,9 @@ def print_flow_table(console: Console, flows: Iterable[Any],
 
     if title is not None:
         console.print(_Title(Text(title), table_width))
-    emit(box.get_top([w + (1 if i in (0, len(widths) - 1) else 2)
-                      for i, w in enumerate(widths)]))
+    # each column's width with its padding (none at the table's edges)
     paddings = [w + (1 if i in (0, len(widths) - 1) else 2) for i, w in enumerate(widths)]
+    emit(box.get_top(paddings))
     head = padded([_cell_lines(console, header, w, justify, False)[0]
                    for (_, header, justify), w in zip(COLUMNS, widths)])
     emit(box.head_left + box.head_vertical.join(head) + box.head_right, "table.header", head)

@@ -125,14 +125,13 @@ def run(args: argparse.Namespace) -> int:
         docs = []
         for n in args.flow:
             flow = cap.flow(n)
-            if flow is not None:
-                decode_flow(codec, flow)
             if flow is None:
                 print(f"kinspect: error: no flow {n} in {args.capture} "
                       f"(flows {cap.flows[0].id}..{cap.flows[-1].id})" if cap.flows else
                       f"kinspect: error: {args.capture} has no flows", file=sys.stderr)
                 rc = 1
                 continue
+            decode_flow(codec, flow)
             if args.format == "json":
                 docs.append(flow_json(flow, codec, topic_ids=ids, limit=limit))
             else:
