@@ -397,6 +397,20 @@ def test_show_command_table_filter_and_errors(cap, capsys):
     assert "Metadata" not in out
 
 
+def test_show_json_is_written_summary_by_summary_as_one_document(cap, capsys):
+    """``--format json`` writes each flow's summary as it comes (a large capture's
+    list is never built whole): the text is json.dumps of the whole list, indent 2,
+    and an empty list is ``[]``."""
+    from kinspect.filters import TopicIds
+
+    ids = TopicIds().learn_all(cap.flows)
+    for extra, flows in ((), cap.flows), (("--filter", "~api Produce"), produce_flows(cap)), \
+            (("--filter", "~api SaslHandshake"), []):
+        assert cli.main(["show", str(EXAMPLE), "--format", "json", *extra]) == 0
+        want = json.dumps([flow_summary(f, ids) for f in flows], indent=2) + "\n"
+        assert capsys.readouterr().out == want
+
+
 def _codes(f):
     from kinspect.filters import error_codes
     return error_codes(f)

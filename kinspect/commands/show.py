@@ -153,7 +153,14 @@ def run(args: argparse.Namespace) -> int:
 
     sess = cap.session
     if args.format == "json":
-        print(json.dumps([flow_summary(f, ids) for f in shown()], indent=2))
+        # what json.dumps(list, indent=2) prints, written summary by summary
+        out = sys.stdout
+        first = True
+        for f in shown():
+            item = json.dumps(flow_summary(f, ids), indent=2).replace("\n", "\n  ")
+            out.write(("[\n  " if first else ",\n  ") + item)
+            first = False
+        out.write("[]\n" if first else "\n]\n")
         return 0
     if args.browse:  # every flow: a filter typed there may want any of them
         for f in cap.flows:  # (error codes and flags for the rows' colours, then let go)
