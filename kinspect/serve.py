@@ -16,6 +16,13 @@ served, the last one is served again (after the request's ``MaxWaitMs`` or the
 recorded latency, at most one second, so that clients polling past the end of the
 recording do not spin).
 
+JoinGroup and SyncGroup answers are sent after the time the recorded broker took
+for them, at most five seconds: a group coordinator holds them until the rebalance
+completes (``group.initial.rebalance.delay.ms``, 3 s by default), and a client
+answered at once does its other work in another order than it did when recorded
+(kafka-python, leading the group, computes the assignment before the Metadata
+answer naming its topic came, and rejoins the group once it comes).
+
 Answers are re-encoded with the client's correlation id and with every broker
 address (Metadata, FindCoordinator, DescribeCluster, KIP-951 ``NodeEndpoints``;
 found by :class:`~kinspect.proxy.rewrite.AddressRewriter`) pointing at this
@@ -78,6 +85,10 @@ EXACT, NORMALIZED, CLOSEST, SYNTHESIZED = "exact", "normalized", "closest", "syn
 _SIZE = struct.Struct(">i")
 _HHI = struct.Struct(">hhi").unpack_from
 _MAX_REUSE_DELAY = 1.0
+#: JoinGroup and SyncGroup: answered after the time the recorded broker took (its
+#: rebalance delay), at most _MAX_GROUP_WAIT seconds
+_GROUP_WAITS = frozenset({11, 14})
+_MAX_GROUP_WAIT = 5.0
 
 
 # ---------------------------------------------------------------------------
@@ -549,6 +560,9 @@ class CaptureBroker:
             delay = self._reuse_delay(req, cand.flow)
             if delay > 0:
                 await asyncio.sleep(delay)
+        elif req.api_key in _GROUP_WAITS and cand.flow.response_ns is not None:
+            await asyncio.sleep(min(max(0, cand.flow.response_ns - cand.flow.request_ns) / 1e9,
+                                    _MAX_GROUP_WAIT))
         if not needs_response or not expects_response(cand.flow):
             return None
         return self._response_for(cand.flow, req)

@@ -132,7 +132,8 @@ def roundtrip(
     """Run ``client`` through one produce-then-consume round trip; return the consumed values.
 
     ``options`` go into the client's config (``idempotent``, ``session_timeout_ms``,
-    ``heartbeat_interval_ms``, kcat's ``debug``). Raises :class:`ClientFailed`.
+    ``heartbeat_interval_ms``, kafka-python's ``stay_s``: seconds it goes on polling
+    after consuming, before its commit; kcat's ``debug``). Raises :class:`ClientFailed`.
     """
     command = _prepare(client, bootstrap, values, topic, group, timeout, options)
     proc = subprocess.Popen(

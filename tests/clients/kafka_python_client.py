@@ -46,6 +46,10 @@ def main(cfg: dict) -> list[str]:
                 raise TimeoutError(f"consumed {len(consumed)} of {len(cfg['values'])}")
             for records in consumer.poll(timeout_ms=200).values():
                 consumed += [r.value.decode() for r in records]
+        # "stay_s": go on polling that long (a member of the group meanwhile) first
+        stay_until = time.monotonic() + cfg.get("stay_s", 0)
+        while time.monotonic() < stay_until:
+            consumer.poll(timeout_ms=50)
         consumer.commit()
     finally:
         consumer.close()
