@@ -220,11 +220,14 @@ class Filter:
     for one frame of a flow (``dir`` ``"req"``/``"resp"``; only ``~dir`` differs).
 
     ``topic_ids`` (a :class:`TopicIds`) lets ``~topic`` resolve topic ids; set it on
-    the root filter or pass it to ``matches``.
+    the root filter or pass it to ``matches``. ``needs_decoded``: whether a term
+    reads the decoded messages (``~topic``, ``~err``); the others read the flow's
+    own attributes only.
     """
 
     text: str = ""
     topic_ids: TopicIds | None = None
+    needs_decoded: bool = False
 
     def matches(self, flow: Flow, *, topic_ids: TopicIds | None = None) -> bool:
         return self._eval(flow, None, topic_ids or self.topic_ids)
@@ -246,6 +249,7 @@ class Filter:
 class _And(Filter):
     def __init__(self, parts: list[Filter]):
         self.parts = parts
+        self.needs_decoded = any(p.needs_decoded for p in parts)
 
     def _eval(self, flow, direction, ids):
         return all(p._eval(flow, direction, ids) for p in self.parts)
@@ -254,6 +258,7 @@ class _And(Filter):
 class _Or(Filter):
     def __init__(self, parts: list[Filter]):
         self.parts = parts
+        self.needs_decoded = any(p.needs_decoded for p in parts)
 
     def _eval(self, flow, direction, ids):
         return any(p._eval(flow, direction, ids) for p in self.parts)
@@ -262,14 +267,17 @@ class _Or(Filter):
 class _Not(Filter):
     def __init__(self, inner: Filter):
         self.inner = inner
+        self.needs_decoded = inner.needs_decoded
 
     def _eval(self, flow, direction, ids):
         return not self.inner._eval(flow, direction, ids)
 
 
 class _Term(Filter):
-    def __init__(self, fn: Callable[[Flow, str | None, TopicIds | None], bool]):
+    def __init__(self, fn: Callable[[Flow, str | None, TopicIds | None], bool],
+                 needs_decoded: bool = False):
         self.fn = fn
+        self.needs_decoded = needs_decoded
 
     def _eval(self, flow, direction, ids):
         return self.fn(flow, direction, ids)
@@ -284,6 +292,7 @@ class _TermSpec:
     arg: str | None  # None: no argument; "required"; "optional"
     build: Callable[[str | None, Callable[[str], FilterError]], Callable]
     help: str
+    needs_decoded: bool = False  # the term reads the decoded messages
 
 
 _NUMBER_RANGE = re.compile(r"\s*(-?\d+)\s*(?:(-)\s*(-?\d+)?)?\s*")
@@ -441,9 +450,10 @@ TERMS: dict[str, _TermSpec] = {
     "addr": _TermSpec("required", _t_addr, "regex on client/broker host:port"),
     "conn": _TermSpec("required", _t_conn, "connection id or range"),
     "corr": _TermSpec("required", _t_corr, "correlation id or range"),
-    "topic": _TermSpec("required", _t_topic, "topic name"),
+    "topic": _TermSpec("required", _t_topic, "topic name", needs_decoded=True),
     "err": _TermSpec("optional", _t_err,
-                     "non-zero error code, or the given code(s): 36, -1, 1-10, 30-"),
+                     "non-zero error code, or the given code(s): 36, -1, 1-10, 30-",
+                     needs_decoded=True),
     "undecoded": _TermSpec(None, _flag(UNDECODED), "could not be decoded"),
     "mutated": _TermSpec(None, _flag(MUTATED), "changed by a rule"),
     "rewritten": _TermSpec(None, _flag(REWRITTEN), "broker addresses rewritten"),
@@ -590,7 +600,7 @@ class _Parser:
 
         if name.lower() == "api" and self.api_names is not None:
             self.check_api_name(arg, err)
-        f = _Term(spec.build(arg, err))
+        f = _Term(spec.build(arg, err), spec.needs_decoded)
         return f
 
     def check_api_name(self, arg: str, err) -> None:

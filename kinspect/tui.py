@@ -254,7 +254,8 @@ class LiveView:
         self._bytes.add(now, size)
         self.topic_ids.learn(flow)
         match = self.match
-        matches = match is None or match.matches(self._decoded(flow), topic_ids=self.topic_ids)
+        matches = match is None or match.matches(
+            self._decoded(flow) if match.needs_decoded else flow, topic_ids=self.topic_ids)
         with self._lock:  # (a redraw shows it waiting or complete, never both)
             self._waiting.pop(flow.id, None)
             if self.interactive:  # every flow: a filter typed later may want it
@@ -291,10 +292,12 @@ class LiveView:
 
     def _matches(self, flow: Flow) -> bool:
         """Whether ``match`` selects ``flow`` (a filter that fails on it: no)."""
-        if self.match is None:
+        match = self.match
+        if match is None:
             return True
         try:
-            return self.match.matches(self._decoded(flow), topic_ids=self.topic_ids)
+            return match.matches(self._decoded(flow) if match.needs_decoded else flow,
+                                 topic_ids=self.topic_ids)
         except Exception:  # noqa: BLE001 - one odd flow must not stop the view
             log.exception("live view: filter failed on flow #%s", flow.id)
             return False

@@ -456,3 +456,34 @@ def test_any_text_parses_or_is_a_filter_error_inside_it(text):
             parse(text, names)
         except FilterError as e:
             assert 0 <= e.position <= len(text)
+
+
+def test_needs_decoded_says_which_filters_read_the_decoded_messages(flows):
+    """``needs_decoded`` lets a view holding flows without their decoded values
+    (``show --browse``) decode only for the filters that read them: a term without
+    it matches a flow whose decoded values were let go as it matches the flow
+    decoded; a term with it does not always (else it is set for nothing)."""
+    from kinspect.proxy.pipeline import decode_flow
+
+    ids = TopicIds().learn_all(flows)
+    bare = load_capture(EXAMPLE, CODEC, decode=False).flows
+    for f in bare:
+        decode_flow(CODEC, f)
+        f.request_decoded = f.response_decoded = None
+    flags = sorted({fl for f in flows for fl in f.flags})
+    args = {"api": "Produce", "v": "0-3", "dir": "resp", "client": "example", "addr": "127",
+            "conn": "1-2", "corr": "1-3", "topic": "example", "err": None,
+            "flag": flags[0] if flags else "rewritten"}
+    for name, spec in filters.TERMS.items():
+        text = f"~{name}" if spec.arg is None or args.get(name) is None else f"~{name} {args[name]}"
+        f = parse(text)
+        got = [f.matches(b, topic_ids=ids) for b in bare]
+        want = [f.matches(d, topic_ids=ids) for d in flows]
+        assert f.needs_decoded == spec.needs_decoded, text
+        if spec.needs_decoded:
+            assert got != want, f"{text}: matches as well without decoded values"
+        else:
+            assert got == want, f"{text}: needs the decoded values"
+    for text, needs in (("~api Fetch | ~topic x", True), ("!~err", True),
+                        ("~api Fetch & (~conn 1 | ~flag x)", False)):
+        assert parse(text).needs_decoded is needs, text
