@@ -239,6 +239,12 @@ class Filter:
     def _eval(self, flow: Flow, direction: str | None, ids: TopicIds | None) -> bool:
         raise NotImplementedError
 
+    def rejects_undecoded(self, flow: Flow, *, topic_ids: TopicIds | None = None) -> bool:
+        """Whether ``flow`` fails the filter whatever its decoded messages hold: a
+        part of an ``&`` that reads none of them fails (so that ``~api Fetch &
+        ~topic t`` need not decode flows of other apis)."""
+        return False
+
     def __call__(self, flow: Flow) -> bool:
         return self.matches(flow)
 
@@ -253,6 +259,11 @@ class _And(Filter):
 
     def _eval(self, flow, direction, ids):
         return all(p._eval(flow, direction, ids) for p in self.parts)
+
+    def rejects_undecoded(self, flow, *, topic_ids=None):
+        ids = topic_ids or self.topic_ids
+        return any(p.rejects_undecoded(flow, topic_ids=ids) if p.needs_decoded
+                   else not p._eval(flow, None, ids) for p in self.parts)
 
 
 class _Or(Filter):

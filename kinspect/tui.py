@@ -31,7 +31,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any, Callable, Iterator, TextIO
+from typing import Any, Callable, Collection, Iterator, TextIO
 
 from rich.cells import cell_len, set_cell_size
 from rich.console import Console, ConsoleOptions, Group
@@ -254,8 +254,7 @@ class LiveView:
         self._bytes.add(now, size)
         self.topic_ids.learn(flow)
         match = self.match
-        matches = match is None or match.matches(
-            self._decoded(flow) if match.needs_decoded else flow, topic_ids=self.topic_ids)
+        matches = match is None or self._match(match, flow)
         with self._lock:  # (a redraw shows it waiting or complete, never both)
             self._waiting.pop(flow.id, None)
             if self.interactive:  # every flow: a filter typed later may want it
@@ -290,14 +289,24 @@ class LiveView:
         decode_flow(self.codec, copy)
         return copy
 
+    def _match(self, match: Filter, flow: Flow) -> bool:
+        """``match.matches(flow)``, decoding a copy of a flow without its decoded
+        values (:attr:`decode_on_demand`) only when the filter reads them and
+        cannot reject it without."""
+        ids = self.topic_ids
+        if match.needs_decoded and self.decode_on_demand:
+            if match.rejects_undecoded(flow, topic_ids=ids):
+                return False
+            flow = self._decoded(flow)
+        return match.matches(flow, topic_ids=ids)
+
     def _matches(self, flow: Flow) -> bool:
         """Whether ``match`` selects ``flow`` (a filter that fails on it: no)."""
         match = self.match
         if match is None:
             return True
         try:
-            return match.matches(self._decoded(flow) if match.needs_decoded else flow,
-                                 topic_ids=self.topic_ids)
+            return self._match(match, flow)
         except Exception:  # noqa: BLE001 - one odd flow must not stop the view
             log.exception("live view: filter failed on flow #%s", flow.id)
             return False
@@ -749,7 +758,8 @@ class LiveView:
 def browse(flows: list[Flow], title: str, *, codec: Any = None,
            topic_ids: TopicIds | None = None, console: Console | None = None,
            keys: int | None = None, bytes_limit: int | None = 64,
-           match: Filter | None = None, decode_on_demand: bool = False) -> None:
+           match: Filter | None = None, decode_on_demand: bool = False,
+           matched: Collection[int] | None = None) -> None:
     """Browse flows read from a capture at a terminal, as the live view's keys do
     (:meth:`LiveView.key`), starting at the first flow, until ``q`` (or Ctrl-C).
 
@@ -766,6 +776,9 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
             (their ``error_code``, ``client_id``, flags and errors kept): rows,
             filters and the detail decode a copy when they need one (``codec``
             required), so a large capture is not held decoded.
+        matched: the ids of the flows ``match`` selects, found by the caller (while
+            they were decoded): the view starts with those instead of decoding
+            them again.
     """
     done = threading.Event()
     view = LiveView(None, console=console, keep=max(len(flows), 1), title=title,
@@ -773,8 +786,11 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
                     bytes_limit=bytes_limit, match=match, decode_on_demand=decode_on_demand)
     if topic_ids is not None:
         view.topic_ids = topic_ids
+    if match is not None and matched is not None:
+        view.match = _Chosen(match, matched)
     for flow in flows:
         view.on_flow(flow)
+    view.match = match
     view._render(None)
     if flows:
         view.key("home")
@@ -794,6 +810,17 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
         view.close()
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+class _Chosen(Filter):
+    """``match`` as a set of the flow ids it selects (see :func:`browse`)."""
+
+    def __init__(self, match: Filter, ids: Collection[int]):
+        self.text = match.text
+        self.ids = ids
+
+    def _eval(self, flow, direction, ids):
+        return flow.id in self.ids
 
 
 class _LazyRow(Mapping):

@@ -487,3 +487,20 @@ def test_needs_decoded_says_which_filters_read_the_decoded_messages(flows):
     for text, needs in (("~api Fetch | ~topic x", True), ("!~err", True),
                         ("~api Fetch & (~conn 1 | ~flag x)", False)):
         assert parse(text).needs_decoded is needs, text
+
+
+@pytest.mark.parametrize("text", [
+    "~api Fetch & ~topic example", "~topic example & ~api Fetch", "~conn 2 & ~err",
+    "~api Produce & (~topic example | ~conn 1)", "~api Fetch & !~err", "~topic example",
+    "!(~api Fetch & ~topic example)", "~api Metadata | ~topic example"])
+def test_a_filter_rejects_without_decoded_values_only_what_it_would_reject(flows, text):
+    """``rejects_undecoded``: a part of an ``&`` that reads no decoded message
+    rejects a flow without decoding it; whatever it rejects, the filter does not
+    match with the decoded messages either."""
+    ids = TopicIds().learn_all(flows)
+    f = parse(text)
+    bare = load_capture(EXAMPLE, CODEC, decode=False).flows
+    rejected = [b.id for b in bare if f.rejects_undecoded(b, topic_ids=ids)]
+    assert not [d.id for d in flows if d.id in rejected and f.matches(d, topic_ids=ids)]
+    if text.startswith("~api Fetch &"):
+        assert sorted(rejected) == [d.id for d in flows if d.api_name != "Fetch"]

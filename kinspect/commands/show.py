@@ -163,12 +163,11 @@ def run(args: argparse.Namespace) -> int:
         out.write("[]\n" if first else "\n]\n")
         return 0
     if args.browse:  # every flow: a filter typed there may want any of them
-        for f in cap.flows:  # (error codes and flags for the rows' colours, then let go)
-            if f.api_key != _METADATA:
-                decode_flow(codec, f)
-                f.request_decoded = f.response_decoded = None
         from ..tui import browse
 
+        # error codes and flags for the rows' colours, and the filter given, while
+        # each flow is decoded; then its decoded values are let go
+        matched = {f.id for f in shown()}
         # one expression the view can show and edit (each part parsed on its own
         # above, so each is whole: in parentheses it means what it meant alone)
         match = parse(" & ".join(f"({x.text})" for x in filters),
@@ -176,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
         browse(cap.flows, printable(f"{args.capture} · upstream {sess.get('upstream')}"
                                     if sess.get("upstream") else str(args.capture)),
                codec=codec, topic_ids=ids, bytes_limit=limit, match=match,
-               decode_on_demand=True)
+               decode_on_demand=True, matched=matched)
         return 0
     # (printable: the session line's upstream is the capture file's text, as the rows are)
     print_flow_table(console, shown(), ids, title=lambda n: printable(
