@@ -205,6 +205,36 @@ async def test_heartbeat_offered_and_answered_only_where_serve_can_decode_it(rec
     assert broker.stats.synthesized == 0
 
 
+async def test_join_and_sync_group_wait_as_the_recorded_broker_did(recorded, monkeypatch):
+    """A JoinGroup or SyncGroup answer is held for the time the recorded broker took
+    (at most 5 s), the first time it is served; served again, it waits as any reused
+    answer does (at most 1 s). The waits asked of asyncio.sleep are recorded, not
+    timed."""
+    import kinspect.serve as serve
+
+    flows = load_flows(recorded, codec())
+    join = next(f for f in flows if f.api_name == "JoinGroup" and f.error_code == 0)
+    sync = next(f for f in flows if f.api_name == "SyncGroup")
+    join.response_ns = join.request_ns + 12 * 10**9  # longer than the cap
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def sleep(delay, *a, **k):
+        waits.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(serve.asyncio, "sleep", sleep)
+    async with CaptureBroker(codec(), flows) as broker:
+        # (the second JoinGroup is answered by the other recorded one, the third reuses)
+        await exchange(*broker.address, [join.request, sync.request] + [join.request] * 2)
+    by_id = {f.id: f for f in flows}
+    assert [e["reused"] for e in broker.served] == [False, False, False, True]
+    latency = [(by_id[e["flow"]].response_ns - by_id[e["flow"]].request_ns) / 1e9
+               for e in broker.served]
+    assert waits[:3] == [5.0, latency[1], latency[2]] and 0 < latency[1] < 5
+    assert len(waits) == 4 and 0 < waits[3] <= 1.0
+
+
 async def test_a_consumer_that_heartbeats_stays_in_its_group(recorded):
     """kafka-python heartbeating every 20 ms through serve (the recording saw no
     Heartbeat), polling for a second after it consumed (so it heartbeats however
