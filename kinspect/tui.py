@@ -830,8 +830,7 @@ class _LazyRow(Mapping):
 
     __slots__ = ("flow", "topic_ids", "decoded", "_row")
 
-    def __init__(self, flow: Flow, topic_ids: TopicIds,
-                 decoded: Callable[[Flow], Flow] = lambda flow: flow):
+    def __init__(self, flow: Flow, topic_ids: TopicIds, decoded: Callable[[Flow], Flow]):
         self.flow = flow
         self.topic_ids = topic_ids
         self.decoded = decoded  # the flow as rendered (see LiveView._decoded)
