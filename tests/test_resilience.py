@@ -3174,6 +3174,49 @@ async def test_pipeline_works_in_batches_outside_the_turnaround():
     await quick.close()
 
 
+async def test_a_request_waiting_twice_in_the_pipeline_counts_once():
+    """A request's bytes count once in ``backlog_bytes`` while both its request
+    event and its flow event wait (the flow event takes them over), whichever of
+    the two is handled first; every byte counted is released."""
+    from kinspect.flows import Flow
+    from kinspect.proxy.pipeline import EVENT_COST, Pipeline
+
+    seen: list[tuple[str, int]] = []
+    pipeline = Pipeline(codec(), decode=False, delay=3600, batch_events=10**6,
+                        batch_bytes=1 << 40)
+
+    class Addon:
+        def on_request(self, flow):
+            seen.append(("req", pipeline.backlog_bytes))
+
+        def on_flow(self, flow):
+            seen.append(("flow", pipeline.backlog_bytes))
+
+    pipeline.add(Addon())
+    pipeline.start()
+    a = Flow(1, 1, "c", "u", 0, 9, 1, "Produce", b"q" * 5000, 0)
+    pipeline.request(a)
+    assert pipeline.backlog_bytes == 5000 + EVENT_COST
+    a.response = b"r" * 300
+    pipeline.complete(a)  # its request event still waits
+    assert pipeline.backlog_bytes == 5000 + 300 + 2 * EVENT_COST
+    await pipeline.drained()
+    # the request event gave up its flow only; the flow event then released the rest
+    assert seen == [("req", 5000 + 300 + EVENT_COST), ("flow", 0)]
+    seen.clear()
+    b = Flow(2, 1, "c", "u", 0, 9, 2, "Produce", b"q" * 4000, 0)
+    pipeline.request(b)
+    await pipeline.drained()  # the request event handled before the answer came
+    assert seen == [("req", 0)]
+    b.response = b"r" * 200
+    pipeline.complete(b)
+    assert pipeline.backlog_bytes == 4000 + 200 + EVENT_COST
+    await pipeline.drained()
+    assert seen[-1] == ("flow", 0) and pipeline.backlog_bytes == 0
+    assert not pipeline._req_owns
+    await pipeline.close()
+
+
 async def test_pipeline_drained_yields_between_slices():
     """Waiting for the pipeline to drain a long queue works in slices: other
     callbacks on the event loop (forwarding) still run in between."""

@@ -25,7 +25,8 @@ frames:
   which counts here too, and may set its own, lower ``pause_bytes``.
 
 Each waiting event counts its frames plus :data:`EVENT_COST` bytes (its flow), so
-many small frames weigh what they cost.
+many small frames weigh what they cost. A request whose request event and flow
+event both wait counts once: the flow event takes its bytes over.
 
 Addons are plain objects with any of these methods (mitmproxy-style hooks):
 ``on_connect(conn)``, ``on_request(flow)``, ``on_flow(flow)``,
@@ -125,9 +126,12 @@ class Pipeline:
         self.batch_events = batch_events
         self.batch_bytes = batch_bytes
         #: bytes of frames in queued events (a request event counts its request, a
-        #: flow event its request and response), each plus :data:`EVENT_COST`,
-        #: released as events are handled
+        #: flow event its request and response, a request waiting in both once),
+        #: each plus :data:`EVENT_COST`, released as events are handled
         self.backlog_bytes = 0
+        #: flows whose request event waits, by id: True while the request event
+        #: owns the request's bytes, False once the flow event took them over
+        self._req_owns: dict[int, bool] = {}
         self.proxy: Any = None
         self._q: deque = deque()
         self._cb_pending = False  # a call_soon(_on_callback) is queued
@@ -197,6 +201,7 @@ class Pipeline:
     def request(self, flow: Flow) -> None:
         """A request was forwarded (called right after the write)."""
         self.backlog_bytes += len(flow.request) + EVENT_COST
+        self._req_owns[flow.id] = True
         self._events += 1
         self._q.append((_REQ, flow))  # _push(), inline: this runs for every request
         if not (self._cb_pending or self._draining or self._timer is not None):
@@ -219,7 +224,12 @@ class Pipeline:
             self._drain()
 
     def complete(self, flow: Flow) -> None:
-        self.backlog_bytes += len(flow.request) + len(flow.response or b"") + EVENT_COST
+        """A flow is complete (its response forwarded, or a request that has none)."""
+        if self._req_owns.get(flow.id):  # its request event waits: the request
+            self._req_owns[flow.id] = False  # is counted already; this event takes it over
+            self.backlog_bytes += len(flow.response or b"") + EVENT_COST
+        else:
+            self.backlog_bytes += len(flow.request) + len(flow.response or b"") + EVENT_COST
         self._events += 1
         if self._waiting_flows >= self.max_backlog or self.backlog_bytes > self.skip_bytes:
             flow.flags.add(SKIPPED)
@@ -324,7 +334,10 @@ class Pipeline:
                     self._events -= 1
                     self._flow(obj)
                 elif kind == _REQ:
-                    self.backlog_bytes -= len(obj.request) + EVENT_COST
+                    if self._req_owns.pop(obj.id, True):
+                        self.backlog_bytes -= len(obj.request) + EVENT_COST
+                    else:  # its flow event, still waiting, releases the request
+                        self.backlog_bytes -= EVENT_COST
                     self._events -= 1
                     self._call("on_request", obj)
                 elif kind == _CONN:
