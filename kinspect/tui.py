@@ -69,6 +69,12 @@ HOLD_BYTES = 32 << 20
 #: bytes of each frame an open flow's hex dumps show (key ``x``)
 FRAMES_SHOWN = 64 << 10
 
+#: a filter typed in a view holding more flows than this is applied on a thread of
+#: its own: the view keeps its rows, redraws and keys meanwhile, shows how far the
+#: filter got, and Esc stops it (a filter reading decoded messages takes about
+#: 60 µs a flow on a capture's flows, which are decoded for it: 9 s for 155,000)
+FILTER_IN_BACKGROUND = 5000
+
 #: columns of the live view shrunk first when the terminal is too narrow for every
 #: column (then the others but the api column, then that one too)
 _SHRINK_FIRST = ("records", "client_id", "flags", "error")
@@ -211,6 +217,11 @@ class LiveView:
         #: wrong with the one last entered
         self.prompt: str | None = None
         self.prompt_error: str | None = None
+        #: the filter being applied on a thread of its own (see
+        #: :data:`FILTER_IN_BACKGROUND`), ``None`` when none is
+        self.filtering: _FilterJob | None = None
+        #: flows ever held (:meth:`_hold`): tells a filter which flows came while it ran
+        self._held_total = 0
         self._keys: KeyReader | None = None
         # (rendered row, style) of the newest flows, oldest first; and the flows
         # after them that no redraw has shown yet (rendered on demand; a large flow
@@ -302,7 +313,9 @@ class LiveView:
 
     def _matches(self, flow: Flow) -> bool:
         """Whether ``match`` selects ``flow`` (a filter that fails on it: no)."""
-        match = self.match
+        return self._matches_with(self.match, flow)
+
+    def _matches_with(self, match: Filter | None, flow: Flow) -> bool:
         if match is None:
             return True
         try:
@@ -314,30 +327,101 @@ class LiveView:
     def filter(self, text: str) -> None:
         """Show the flows ``text`` selects (a :mod:`kinspect.filters` expression; empty:
         every flow), from the flows the view holds (an interactive view holds the
-        last ``keep`` flows, whatever the filter before) and those to come.
+        last ``keep`` flows, whatever the filter before) and those to come. Stops a
+        filter being applied in the background (:attr:`filtering`) first.
 
         Raises:
             FilterError: ``text`` is not a filter expression, or names an api the
                 codec's specs do not define.
         """
+        match = self._parse_filter(text)
+        self.stop_filtering()
+        self._apply_filter(match)
+
+    def _parse_filter(self, text: str) -> Filter | None:
         from .filters import parse
 
         codec = self.codec
         names = [codec.api_name(k) for k in codec.registry.api_keys()] if codec else None
-        match = parse(text, names) if text.strip() else None
+        return parse(text, names) if text.strip() else None
+
+    def filter_in_background(self, text: str) -> "_FilterJob":
+        """As :meth:`filter`, on a thread of its own: until it is done the view
+        shows the rows of the filter before, and :attr:`filtering` (shown in the
+        header) how far it got. A new filter, or :meth:`stop_filtering`, stops it
+        and leaves the filter before in place.
+
+        Returns:
+            the :class:`_FilterJob` (``wait()`` joins it).
+
+        Raises:
+            FilterError: as :meth:`filter` (at once, nothing started).
+        """
+        match = self._parse_filter(text)
+        self.stop_filtering()
+        job = _FilterJob(match, len(self._held))
+        self.filtering = job
+        job.thread = threading.Thread(target=self._apply_filter, args=(match, job),
+                                      name="kinspect-filter", daemon=True)
+        job.thread.start()
+        return job
+
+    def stop_filtering(self) -> bool:
+        """Stop the filter being applied in the background, if any (the filter
+        before stays); whether one was."""
+        job = self.filtering
+        if job is None:
+            return False
+        job.stopped = True
         with self._lock:
-            self.match = match
+            if self.filtering is job:
+                self.filtering = None
+        if job.thread is not None and job.thread is not threading.current_thread():
+            job.thread.join()
+        return True
+
+    def _apply_filter(self, match: Filter | None, job: "_FilterJob | None" = None) -> None:
+        """Make ``match`` the filter and the held flows it selects the rows (the
+        flows that came meanwhile too); with ``job``, unless it is stopped first."""
+        with self._lock:
             held = list(self._held.values())
-            self._pending.clear()
-            self._pending_bytes = 0
-            self._rows.clear()
-        rows = [r for r in (self._new_row(f) for f in held if self._matches(f)) if r is not None]
-        with self._lock:
-            if self.match is match:
-                done = self._rows  # (flows that came meanwhile) after the held ones
+            total = self._held_total
+        rows = []
+        one = self._matches_with
+        try:
+            for i, flow in enumerate(held):
+                if job is not None and not i & 255:
+                    if job.stopped:
+                        return
+                    job.done = i
+                if one(match, flow):
+                    row = self._new_row(flow)
+                    if row is not None:
+                        rows.append(row)
+            with self._lock:
+                if job is not None and (job.stopped or self.filtering is not job):
+                    return
+                # the flows held since: few, and none reaches the rows meanwhile
+                newer = self._held_total - total
+                if newer:
+                    came = list(self._held.values())[-newer:]
+                    rows.extend(r for r in (self._new_row(f) for f in came
+                                            if one(match, f)) if r is not None)
+                self.match = match
+                self._pending.clear()
+                self._pending_bytes = 0
                 self._rows = deque(rows, maxlen=self.keep)
-                self._rows.extend(done)
-            self._top = 0
+                self._top = 0
+                if job is not None:
+                    job.done = len(held)
+                    self.filtering = None
+        except Exception:  # noqa: BLE001 - on a thread: say so, leave the view as it was
+            if job is None:
+                raise
+            log.exception("live view: applying filter %r failed", match.text if match else "")
+            with self._lock:
+                if self.filtering is job:
+                    self.filtering = None
 
     def _row(self, flow: Flow) -> tuple[dict[str, str], str | None] | None:
         """``(row, style)`` of a flow, or ``None`` (logged) when it cannot be rendered."""
@@ -399,6 +483,7 @@ class LiveView:
         if limit is not None and size > limit:
             return
         held[flow.id] = flow
+        self._held_total += 1
         self._held_bytes += size
         while len(held) > self.keep or (limit is not None and self._held_bytes > limit):
             old = held.pop(next(iter(held)))
@@ -442,6 +527,7 @@ class LiveView:
     def close(self) -> None:
         if self._keys is not None:
             self._keys.stop()
+        self.stop_filtering()
         self._live.stop()
 
     def header(self) -> Text:
@@ -454,6 +540,7 @@ class LiveView:
             t.append(f"   {shown} of {held} flows")
             if self.match is not None:
                 t.append(f"   filter {printable(self.match.text)}", style="bold")
+            self._progress(t)
             if self.selected is not None:
                 t.append(f"   #{self.selected} selected")
             t.append(f"   {self._arrows()}/PgUp/PgDn/Home/End select, Enter opens, f filters"
@@ -484,12 +571,22 @@ class LiveView:
             t.append(f"   rewritten {s.rewritten}")
         if self.match is not None:
             t.append(f"   filter {printable(self.match.text)}", style="bold")
+        self._progress(t)
         if self.interactive and (self._keys is None or self._keys.reading):
             t.append(f"   {self._arrows()} select, Enter opens, f filters, End follows"
                      if self.selected is None else
                      f"   #{self.selected} selected: Enter opens, End follows", style="dim")
         t.append("   Ctrl-C quits", style="dim")
         return t
+
+    def _progress(self, t: Text) -> None:
+        """A filter being applied in the background, and how far it got, on ``t``."""
+        job = self.filtering
+        if job is not None:
+            text = printable(job.match.text) if job.match is not None else "(every flow)"
+            t.append(f"   filtering {text}: {job.done * 100 // max(job.total, 1)} %",
+                     style="bold yellow")
+            t.append(" (Esc stops)", style="dim")
 
     def table(self, rows: int) -> "TableLines":
         """The newest ``rows`` rows as fixed-width lines, columns sized to their content
@@ -591,10 +688,12 @@ class LiveView:
         """Act on a key (names as :func:`parse_keys` gives them). On the table:
         ``up``/``down`` (``k``/``j``), ``pgup``/``pgdn``, ``home`` (``g``): select a
         row, which stops following the newest; ``end`` (``G``) or ``esc``:
-        follow the newest rows again; ``enter`` (``right``, ``l``): open the
+        follow the newest rows again (``esc``: first stops a filter being applied
+        in the background); ``enter`` (``right``, ``l``): open the
         selected row's flow (or the newest), decoded as ``kinspect show --flow``
         shows it; ``f`` (``/``): type a filter (:meth:`filter`; Enter applies it,
-        an empty one shows every flow, Esc leaves it as it was). In a flow:
+        in the background past :data:`FILTER_IN_BACKGROUND` held flows, an empty
+        one shows every flow, Esc leaves it as it was). In a flow:
         ``up``/``down``, ``pgup``/``pgdn`` (``space``), ``home``/``end`` scroll;
         ``esc``, ``left`` (``h``), ``backspace`` or ``q``: back to the table; ``n``/``p``: the next or previous flow; ``x``: the
         frames' bytes as hex dumps too (the first :data:`FRAMES_SHOWN` bytes of
@@ -623,7 +722,10 @@ class LiveView:
         text = self.prompt or ""
         if name == "enter":
             try:
-                self.filter(text)
+                if len(self._held) > FILTER_IN_BACKGROUND:
+                    self.filter_in_background(text)
+                else:
+                    self.filter(text)
             except FilterError as e:
                 self.prompt_error = printable(str(e))
                 return
@@ -638,6 +740,12 @@ class LiveView:
     def _table_key(self, name: str) -> None:
         if name == "q" and self.on_quit is not None:
             self.on_quit()
+            return
+        if name == "esc" and self.filtering is not None:
+            # (the key thread holds the lock: the filter's thread stops at its next
+            # look, and finds it is no longer the view's filter)
+            self.filtering.stopped = True
+            self.filtering = None
             return
         kept = list(self._rows)
         if name in ("end", "G", "esc"):
@@ -810,6 +918,30 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
         view.close()
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+class _FilterJob:
+    """A filter being applied on a thread of its own (:meth:`LiveView.filter_in_background`).
+
+    Attributes:
+        match: the filter (``None``: every flow).
+        total: flows it looks at; ``done``: how many it has looked at so far.
+        stopped: set to stop it (it looks every 256 flows).
+    """
+
+    def __init__(self, match: Filter | None, total: int):
+        self.match = match
+        self.total = total
+        self.done = 0
+        self.stopped = False
+        self.thread: threading.Thread | None = None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for it to end; whether it has."""
+        if self.thread is not None:
+            self.thread.join(timeout)
+            return not self.thread.is_alive()
+        return True
 
 
 class _Chosen(Filter):

@@ -1078,3 +1078,77 @@ def test_a_view_holding_a_whole_capture_renders_only_the_rows_it_shows(monkeypat
     view.key("end")  # the newest ten
     view.table(10)
     assert sorted(set(rendered)) == [f.id for f in flows[:10] + flows[-10:]]
+
+
+def test_a_long_filter_runs_in_the_background_shows_its_progress_and_stops_on_esc(
+        monkeypatch):
+    """In a view holding more than ``FILTER_IN_BACKGROUND`` flows, a filter typed
+    there is applied on a thread of its own: the view keeps the rows of the filter
+    before (and its keys) until the filter is done, the header says how far it
+    got, Esc stops it (the filter before stays), and a flow that comes meanwhile is
+    filtered too."""
+    import threading
+
+    import kinspect.tui as tui
+    from kinspect.flows import Flow
+
+    monkeypatch.setattr(tui, "FILTER_IN_BACKGROUND", 100)
+    flows = []
+    for i in range(600):
+        name, key = ("Produce", 0) if i % 3 == 0 else ("ApiVersions", 18)
+        f = Flow(i + 1, 1, "127.0.0.1:1", "127.0.0.1:2", key, 3, i, name, b"q", i)
+        f.response = b"r"
+        flows.append(f)
+    view = LiveView(None, console=Console(file=io.StringIO(), width=160, height=30),
+                    keep=1000, interactive=True, hold_bytes=None)
+    for f in flows:
+        view.on_flow(f)
+    every = [str(f.id) for f in flows]
+
+    def shown() -> list[str]:
+        return [r["id"] for r, _ in view.rows]
+
+    gate, reached = threading.Event(), threading.Event()
+    real = view._matches_with
+
+    def slow(match, flow):
+        if flow.id == 301 and not gate.is_set():
+            reached.set()
+            assert gate.wait(30), "the test never opened the gate"
+        return real(match, flow)
+
+    monkeypatch.setattr(view, "_matches_with", slow)
+    for name in ["f", *"~api", "space", *"Produce", "enter"]:
+        view.key(name)  # Enter returns at once: the filter runs on its own thread
+    job = view.filtering
+    assert job is not None and reached.wait(10)
+    assert view.prompt is None and view.match is None and shown() == every
+    assert "filtering ~api Produce: 42 % (Esc stops)" in view.header().plain
+    view.key("down")  # keys still work meanwhile
+    view.key("esc")  # stops the filter: the one before stays
+    assert view.filtering is None and "filtering" not in view.header().plain
+    gate.set()
+    assert job.wait(10)
+    assert view.match is None and shown() == every
+
+    gate.clear()
+    reached.clear()
+    job = view.filter_in_background("~api Produce")
+    assert reached.wait(10)
+    late = Flow(601, 1, "127.0.0.1:1", "127.0.0.1:2", 0, 3, 600, "Produce", b"q", 600)
+    late.response = b"r"
+    view.on_flow(late)  # comes while the filter runs
+    gate.set()
+    assert job.wait(10) and view.filtering is None
+    assert view.match.text == "~api Produce"
+    assert shown() == [str(f.id) for f in flows + [late] if f.api_name == "Produce"]
+    # a new filter stops the one under way; only the new one is applied
+    gate.clear()
+    reached.clear()
+    first = view.filter_in_background("~api ApiVersions")
+    assert reached.wait(10)
+    threading.Timer(0.2, gate.set).start()
+    second = view.filter_in_background("")
+    assert first.stopped and second.wait(10)
+    assert view.match is None and len(shown()) == 601
+    view.close()
