@@ -1152,3 +1152,62 @@ def test_a_long_filter_runs_in_the_background_shows_its_progress_and_stops_on_es
     assert first.stopped and second.wait(10)
     assert view.match is None and len(shown()) == 601
     view.close()
+
+
+def test_a_browsed_capture_names_the_topics_of_fetches_by_topic_id():
+    """Fetch v13+ names its topics by id only. Browsing a capture (flows held
+    without their decoded values, the topic ids learnt from the Metadata that
+    ``show --browse`` decodes first handed to the view) shows the name in the Fetch
+    row, and ``~topic NAME`` typed there selects the Fetch. (The Metadata is left
+    out of the flows browsed: the names come from the ids handed over.)"""
+    import itertools
+
+    from proxyutil import codec, request_bytes
+    from test_resilience import record_batch
+    from test_tracker import response_bytes
+
+    from kinspect.filters import TopicIds
+    from kinspect.proxy.pipeline import decode_flow
+    from kinspect.proxy.tracker import FlowTracker
+
+    c = codec()
+    tid = bytes(range(1, 17))
+    md = c.response_codec(3).cls
+    md_topic = md._spec.field("Topics").struct.cls
+    fetch_req = c.request_codec(1).cls
+    req_topic = fetch_req._spec.field("Topics").struct.cls
+    req_part = req_topic._spec.field("Partitions").struct.cls
+    fetch_resp = c.response_codec(1).cls
+    resp_topic = fetch_resp._spec.field("Responses").struct.cls
+    resp_part = resp_topic._spec.field("Partitions").struct.cls
+    ids = itertools.count(1)
+    t = FlowTracker(c, 1, "127.0.0.1:1", "127.0.0.1:2", lambda: next(ids))
+    t.request(request_bytes(3, 12, 1, Topics=None), 1)
+    meta = t.response(response_bytes(3, 12, 1, Topics=[
+        md_topic(Name="orders", TopicId=tid, ErrorCode=0, Partitions=[])]), 2)
+    t.request(request_bytes(1, 13, 2, Topics=[req_topic(TopicId=tid, Partitions=[
+        req_part(Partition=0, FetchOffset=0, PartitionMaxBytes=1 << 20)])]), 3)
+    fetch = t.response(response_bytes(1, 13, 2, Responses=[resp_topic(TopicId=tid, Partitions=[
+        resp_part(PartitionIndex=0, HighWatermark=1, Records=record_batch([b"v"]))])]), 4)
+    t.request(request_bytes(18, 3, 3, ClientSoftwareName="x", ClientSoftwareVersion="1"), 5)
+    other = t.response(response_bytes(18, 3, 3), 6)
+    decode_flow(c, meta)  # show decodes Metadata first, and keeps it decoded
+    topic_ids = TopicIds().learn_all([meta])
+    for f in (fetch, other):  # the others are held bare (decode_on_demand)
+        decode_flow(c, f)
+        f.request_decoded = f.response_decoded = None
+    assert topic_ids.name(tid) == "orders"
+
+    view = LiveView(None, console=Console(file=io.StringIO(), width=200, height=30),
+                    keep=10, interactive=True, codec=c, hold_bytes=None,
+                    decode_on_demand=True)
+    view.topic_ids = topic_ids  # (the Metadata is not among the flows browsed)
+    for f in (fetch, other):
+        view.on_flow(f)
+    rows = {r["id"]: r for r, _ in view.rows}
+    assert rows[str(fetch.id)]["records"].startswith("orders[0] 1 rec")
+    assert fetch.request_decoded is None  # a copy was decoded for the row
+    view.filter("~topic orders")
+    assert [r["id"] for r, _ in view.rows] == [str(fetch.id)]
+    view.filter("~api Fetch & ~topic nope")
+    assert [r["id"] for r, _ in view.rows] == []
