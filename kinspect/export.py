@@ -216,13 +216,24 @@ def write_pcapng(fh: BinaryIO, events: list[tuple],
             recs.append({"type": 1 if addr.version == 4 else 2, "address": str(addr),
                          "names": [_utf8(name)]})
         writer.write_block(shb.new_member(blocks.NameResolution, records=recs))
+    # a packet without a comment reuses one block, its fields set anew: building a
+    # block object took a third of the writing (python-pcapng encodes a block from
+    # its fields when written, so each packet is still written whole)
+    plain = shb.new_member(blocks.EnhancedPacket, interface_id=0, options={})
     for ts, pkt, *rest in events:
         comment = _utf8(rest[0]) if rest and rest[0] else None
         ts = max(ts, 0)  # pcapng counts from the epoch, unsigned: earlier is the epoch
-        writer.write_block(shb.new_member(
-            blocks.EnhancedPacket, interface_id=0, timestamp_high=(ts >> 32) & 0xFFFFFFFF,
-            timestamp_low=ts & 0xFFFFFFFF, packet_data=pkt, packet_len=len(pkt),
-            options={"opt_comment": [comment]} if comment else {}))
+        high, low = (ts >> 32) & 0xFFFFFFFF, ts & 0xFFFFFFFF
+        if comment:
+            block = shb.new_member(
+                blocks.EnhancedPacket, interface_id=0, timestamp_high=high,
+                timestamp_low=low, packet_data=pkt, packet_len=len(pkt),
+                options={"opt_comment": [comment]})
+        else:
+            block = plain
+            block.timestamp_high, block.timestamp_low = high, low
+            block.packet_data, block.packet_len = pkt, len(pkt)
+        writer.write_block(block)
 
 
 def _utf8(text: str) -> str:
