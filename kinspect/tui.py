@@ -220,8 +220,9 @@ class LiveView:
         #: the filter being applied on a thread of its own (see
         #: :data:`FILTER_IN_BACKGROUND`), ``None`` when none is
         self.filtering: _FilterJob | None = None
-        #: flows ever held (:meth:`_hold`): tells a filter which flows came while it ran
-        self._held_total = 0
+        #: one list per filter being applied (:meth:`_apply_filter`): the flows that
+        #: come meanwhile, held or not, which it filters too before it takes over
+        self._arrivals: list[list[Flow]] = []
         self._keys: KeyReader | None = None
         # (rendered row, style) of the newest flows, oldest first; and the flows
         # after them that no redraw has shown yet (rendered on demand; a large flow
@@ -270,6 +271,8 @@ class LiveView:
             self._waiting.pop(flow.id, None)
             if self.interactive:  # every flow: a filter typed later may want it
                 self._hold(flow, size)
+            for arrivals in self._arrivals:  # (a filter being applied takes it too)
+                arrivals.append(flow)
             if self.match is not match:  # a new filter came meanwhile (filter())
                 matches = self._matches(flow)
             if not matches:
@@ -383,9 +386,10 @@ class LiveView:
     def _apply_filter(self, match: Filter | None, job: "_FilterJob | None" = None) -> None:
         """Make ``match`` the filter and the held flows it selects the rows (the
         flows that came meanwhile too); with ``job``, unless it is stopped first."""
+        arrivals: list[Flow] = []
         with self._lock:
             held = list(self._held.values())
-            total = self._held_total
+            self._arrivals.append(arrivals)
         rows = []
         one = self._matches_with
         try:
@@ -401,12 +405,9 @@ class LiveView:
             with self._lock:
                 if job is not None and (job.stopped or self.filtering is not job):
                     return
-                # the flows held since: few, and none reaches the rows meanwhile
-                newer = self._held_total - total
-                if newer:
-                    came = list(self._held.values())[-newer:]
-                    rows.extend(r for r in (self._new_row(f) for f in came
-                                            if one(match, f)) if r is not None)
+                # the flows that came since (few): none reached the rows meanwhile
+                rows.extend(r for r in (self._new_row(f) for f in arrivals
+                                        if one(match, f)) if r is not None)
                 self.match = match
                 self._pending.clear()
                 self._pending_bytes = 0
@@ -422,6 +423,9 @@ class LiveView:
             with self._lock:
                 if self.filtering is job:
                     self.filtering = None
+        finally:
+            with self._lock:
+                self._arrivals.remove(arrivals)
 
     def _row(self, flow: Flow) -> tuple[dict[str, str], str | None] | None:
         """``(row, style)`` of a flow, or ``None`` (logged) when it cannot be rendered."""
@@ -483,7 +487,6 @@ class LiveView:
         if limit is not None and size > limit:
             return
         held[flow.id] = flow
-        self._held_total += 1
         self._held_bytes += size
         while len(held) > self.keep or (limit is not None and self._held_bytes > limit):
             old = held.pop(next(iter(held)))
@@ -704,7 +707,9 @@ class LiveView:
             self._prompt_key(name)
             return
         if name in ("f", "/") and self.detail is None:
-            self.prompt = self.match.text if self.match is not None else ""
+            job = self.filtering  # (the filter being applied, if one is)
+            match = job.match if job is not None else self.match
+            self.prompt = match.text if match is not None else ""
             self.prompt_error = None
             return
         self._render(None)

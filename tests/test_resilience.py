@@ -3213,7 +3213,18 @@ async def test_a_request_waiting_twice_in_the_pipeline_counts_once():
     assert pipeline.backlog_bytes == 4000 + 200 + EVENT_COST
     await pipeline.drained()
     assert seen[-1] == ("flow", 0) and pipeline.backlog_bytes == 0
-    assert not pipeline._req_owns
+    # flows not from one proxy may share an id: each still counts its own bytes
+    c = Flow(7, 1, "c", "u", 0, 9, 7, "Produce", b"q" * 5000, 0)
+    d = Flow(7, 2, "c", "u", 0, 9, 7, "Produce", b"q" * 100, 0)
+    pipeline.request(c)
+    c.response = b"r"
+    pipeline.complete(c)
+    pipeline.request(d)
+    d.response = b"r"
+    pipeline.complete(d)
+    assert pipeline.backlog_bytes == 5000 + 100 + 2 + 4 * EVENT_COST
+    await pipeline.drained()
+    assert pipeline.backlog_bytes == 0 and not pipeline._req_owns
     await pipeline.close()
 
 

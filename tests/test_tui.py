@@ -1135,6 +1135,10 @@ def test_a_long_filter_runs_in_the_background_shows_its_progress_and_stops_on_es
     reached.clear()
     job = view.filter_in_background("~api Produce")
     assert reached.wait(10)
+    view.key("f")  # a filter typed meanwhile starts from the one being applied
+    assert view.prompt == "~api Produce"
+    view.key("esc")
+    assert view.prompt is None and view.filtering is job
     late = Flow(601, 1, "127.0.0.1:1", "127.0.0.1:2", 0, 3, 600, "Produce", b"q", 600)
     late.response = b"r"
     view.on_flow(late)  # comes while the filter runs
@@ -1211,3 +1215,44 @@ def test_a_browsed_capture_names_the_topics_of_fetches_by_topic_id():
     assert [r["id"] for r, _ in view.rows] == [str(fetch.id)]
     view.filter("~api Fetch & ~topic nope")
     assert [r["id"] for r, _ in view.rows] == []
+
+
+def test_a_flow_too_large_to_hold_that_comes_while_a_filter_applies_gets_its_row(monkeypatch):
+    """A flow the view does not hold (its frames over ``hold_bytes``) still gets its
+    row when the filter applied meanwhile selects it, as when no filter is being
+    applied."""
+    import threading
+
+    from kinspect.flows import Flow
+
+    def flow(i: int, name: str, size: int = 1) -> Flow:
+        f = Flow(i, 1, "127.0.0.1:1", "127.0.0.1:2", 0 if name == "Produce" else 18, 3, i,
+                 name, b"q" * size, i)
+        f.response = b"r"
+        return f
+
+    view = LiveView(None, console=Console(file=io.StringIO(), width=160, height=30),
+                    keep=100, interactive=True, hold_bytes=1000)
+    for i in range(1, 51):
+        view.on_flow(flow(i, "Produce" if i % 2 else "ApiVersions"))
+    gate, reached = threading.Event(), threading.Event()
+    real = view._matches_with
+
+    def slow(match, f):
+        if f.id == 25 and not gate.is_set():
+            reached.set()
+            assert gate.wait(30), "the test never opened the gate"
+        return real(match, f)
+
+    monkeypatch.setattr(view, "_matches_with", slow)
+    job = view.filter_in_background("~api Produce")
+    assert reached.wait(10)
+    view.on_flow(flow(51, "Produce", size=5000))  # not held: over hold_bytes
+    view.on_flow(flow(52, "ApiVersions"))
+    view.on_flow(flow(53, "Produce"))
+    assert 51 not in view._held
+    gate.set()
+    assert job.wait(10) and view.match.text == "~api Produce"
+    want = [str(i) for i in range(1, 52, 2)] + ["53"]
+    assert [r["id"] for r, _ in view.rows] == want
+    view.close()

@@ -129,9 +129,10 @@ class Pipeline:
         #: flow event its request and response, a request waiting in both once),
         #: each plus :data:`EVENT_COST`, released as events are handled
         self.backlog_bytes = 0
-        #: flows whose request event waits, by id: True while the request event
-        #: owns the request's bytes, False once the flow event took them over
-        self._req_owns: dict[int, bool] = {}
+        #: flows whose request event waits (the flow objects: ids may repeat among
+        #: flows not from one proxy): True while the request event owns the
+        #: request's bytes, False once the flow event took them over
+        self._req_owns: dict[Flow, bool] = {}
         self.proxy: Any = None
         self._q: deque = deque()
         self._cb_pending = False  # a call_soon(_on_callback) is queued
@@ -201,7 +202,7 @@ class Pipeline:
     def request(self, flow: Flow) -> None:
         """A request was forwarded (called right after the write)."""
         self.backlog_bytes += len(flow.request) + EVENT_COST
-        self._req_owns[flow.id] = True
+        self._req_owns[flow] = True
         self._events += 1
         self._q.append((_REQ, flow))  # _push(), inline: this runs for every request
         if not (self._cb_pending or self._draining or self._timer is not None):
@@ -225,8 +226,8 @@ class Pipeline:
 
     def complete(self, flow: Flow) -> None:
         """A flow is complete (its response forwarded, or a request that has none)."""
-        if self._req_owns.get(flow.id):  # its request event waits: the request
-            self._req_owns[flow.id] = False  # is counted already; this event takes it over
+        if self._req_owns.get(flow):  # its request event waits: the request
+            self._req_owns[flow] = False  # is counted already; this event takes it over
             self.backlog_bytes += len(flow.response or b"") + EVENT_COST
         else:
             self.backlog_bytes += len(flow.request) + len(flow.response or b"") + EVENT_COST
@@ -334,7 +335,7 @@ class Pipeline:
                     self._events -= 1
                     self._flow(obj)
                 elif kind == _REQ:
-                    if self._req_owns.pop(obj.id, True):
+                    if self._req_owns.pop(obj, True):
                         self.backlog_bytes -= len(obj.request) + EVENT_COST
                     else:  # its flow event, still waiting, releases the request
                         self.backlog_bytes -= EVENT_COST
