@@ -1145,6 +1145,19 @@ _SASL_HANDSHAKE = 17
 _HHI = struct.Struct(">hhi").unpack_from
 
 
+class _Checked:
+    """Records from this module's reader, every one checked (``_check``) as read:
+    :func:`flows_from_records` does not check them again."""
+
+    __slots__ = ("records",)
+
+    def __init__(self, records: Iterable[dict[str, Any]]):
+        self.records = records
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self.records)
+
+
 def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = None, *,
                        decode: bool = True) -> Capture:
     """Rebuild flows from capture records (as yielded by :func:`read_capture`).
@@ -1212,9 +1225,10 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
     # used before it (a rotated part, same start_ns and part > 0, goes on as it is)
     flow_base = conn_base = max_conn = 0
     start: Any = None
+    checked = type(records) is _Checked
     for n, rec in enumerate(records, 1):
         typ = rec.get("type", "frame")
-        why = _bad_value(rec)
+        why = None if checked else _bad_value(rec)
         if why is not None:
             raise CaptureError(why, record=n)
         if typ == "session":
@@ -1363,7 +1377,8 @@ def load_capture(path: str | os.PathLike, codec: Codec | None = None, *,
     """
     where: list = [path, None]  # (the reader keeps it at the record last read)
     try:
-        return flows_from_records(_records(path, True, None, where), codec, decode=decode)
+        return flows_from_records(_Checked(_records(path, True, None, where)), codec,
+                                  decode=decode)
     except CaptureError as e:
         if e.record is None:
             raise  # (the reader's own: it names the file and line)
