@@ -1080,6 +1080,24 @@ def test_a_view_holding_a_whole_capture_renders_only_the_rows_it_shows(monkeypat
     assert sorted(set(rendered)) == [f.id for f in flows[:10] + flows[-10:]]
 
 
+def _gate_filters(view, flow_id: int, monkeypatch):
+    """Make a filter applied in ``view`` stop at flow ``flow_id`` until the returned
+    ``gate`` is set (while it is clear); ``reached`` is set when one stops there."""
+    import threading
+
+    gate, reached = threading.Event(), threading.Event()
+    real = view._matches_with
+
+    def slow(match, flow):
+        if flow.id == flow_id and not gate.is_set():
+            reached.set()
+            assert gate.wait(30), "the test never opened the gate"
+        return real(match, flow)
+
+    monkeypatch.setattr(view, "_matches_with", slow)
+    return gate, reached
+
+
 def test_a_long_filter_runs_in_the_background_shows_its_progress_and_stops_on_esc(
         monkeypatch):
     """In a view holding more than ``FILTER_IN_BACKGROUND`` flows, a filter typed
@@ -1108,16 +1126,7 @@ def test_a_long_filter_runs_in_the_background_shows_its_progress_and_stops_on_es
     def shown() -> list[str]:
         return [r["id"] for r, _ in view.rows]
 
-    gate, reached = threading.Event(), threading.Event()
-    real = view._matches_with
-
-    def slow(match, flow):
-        if flow.id == 301 and not gate.is_set():
-            reached.set()
-            assert gate.wait(30), "the test never opened the gate"
-        return real(match, flow)
-
-    monkeypatch.setattr(view, "_matches_with", slow)
+    gate, reached = _gate_filters(view, 301, monkeypatch)
     for name in ["f", *"~api", "space", *"Produce", "enter"]:
         view.key(name)  # Enter returns at once: the filter runs on its own thread
     job = view.filtering
@@ -1221,8 +1230,6 @@ def test_a_flow_too_large_to_hold_that_comes_while_a_filter_applies_gets_its_row
     """A flow the view does not hold (its frames over ``hold_bytes``) still gets its
     row when the filter applied meanwhile selects it, as when no filter is being
     applied."""
-    import threading
-
     from kinspect.flows import Flow
 
     def flow(i: int, name: str, size: int = 1) -> Flow:
@@ -1235,16 +1242,7 @@ def test_a_flow_too_large_to_hold_that_comes_while_a_filter_applies_gets_its_row
                     keep=100, interactive=True, hold_bytes=1000)
     for i in range(1, 51):
         view.on_flow(flow(i, "Produce" if i % 2 else "ApiVersions"))
-    gate, reached = threading.Event(), threading.Event()
-    real = view._matches_with
-
-    def slow(match, f):
-        if f.id == 25 and not gate.is_set():
-            reached.set()
-            assert gate.wait(30), "the test never opened the gate"
-        return real(match, f)
-
-    monkeypatch.setattr(view, "_matches_with", slow)
+    gate, reached = _gate_filters(view, 25, monkeypatch)
     job = view.filter_in_background("~api Produce")
     assert reached.wait(10)
     view.on_flow(flow(51, "Produce", size=5000))  # not held: over hold_bytes
