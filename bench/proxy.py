@@ -49,6 +49,15 @@ same code differ by tens of microseconds (most likely where the scheduler places
 run's processes), which no interleaving within a run cancels, so the report gives
 the median over runs and their range.
 
+Then 10 KiB produce interleaved burst by burst, ``--burst-runs`` times: every mode
+set up at once again, one producer per mode, and ``--bursts`` turns, each producing
+one burst of ``--burst`` messages through every mode in turn (one mode busy at a
+time), so that each mode's bursts meet the machine state its neighbours met a
+fraction of a second before; each mode's throughput is divided by direct's turn by
+turn. The rounds above pair modes half a minute apart, which on a shared virtual
+machine moves a round's ratio by tens of percent; this pairing moves a run's ratio by
+a few.
+
 Then, once per proxy mode, memory: RSS of the proxy process before and after
 opening ``--idle`` idle connections (each sends one ApiVersions request and
 waits), and before/during ``--busy`` busy connections (each sends 10 KiB Produce
@@ -639,6 +648,80 @@ def _interleaved_latency(modes: list[str], n: int, warmup: int,
     return out
 
 
+def _interleaved_throughput(modes: list[str], turns: int, burst: int,
+                            workdir: Path) -> dict[str, dict[str, float]]:
+    """10 KiB produce interleaved burst by burst: every mode is set up at once (each
+    with its own fresh broker), one confluent-kafka producer per mode, and each turn
+    produces ``burst`` 10 KiB messages through every mode in turn (timed from the
+    first ``produce()`` to the end of ``flush()``), starting at a different mode each
+    turn, after one turn of warm-up. Only one mode is busy at a time, and a mode's
+    bursts meet the same machine state as its neighbours' a fraction of a second
+    apart. Returns, per mode: MB/s of the median burst, the machine's busy CPU
+    seconds per burst (median; from /proc/stat, every process), and for every mode
+    but direct the median over turns of its throughput divided by direct's in the
+    same turn."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    setups: dict[str, Setup] = {}
+    producers: dict[str, Any] = {}
+    failed: list[str] = []
+
+    def on_delivery(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+
+    try:
+        for m in modes:
+            setups[m] = Setup(m, workdir)
+        for m, s in setups.items():
+            common = {"bootstrap.servers": s.bootstrap, "client.id": "kinspect-bench"}
+            admin = AdminClient(common)
+            for fut in admin.create_topics([NewTopic("bench-bursts", 1, 1)]).values():
+                fut.result(timeout=20)
+            producers[m] = Producer({**common, "acks": 1, "linger.ms": 5})
+        value = os.urandom(LARGE)
+        names = list(setups)
+        seconds: dict[str, list[float]] = {m: [] for m in names}
+        busy: dict[str, list[float]] = {m: [] for m in names}
+        for i in range(turns + 1):  # (turn 0 warms up)
+            k = i % len(names)
+            for m in names[k:] + names[:k]:
+                p = producers[m]
+                busy0 = _machine_busy_s()
+                t0 = time.perf_counter()
+                for _ in range(burst):
+                    while True:
+                        try:
+                            p.produce("bench-bursts", value, on_delivery=on_delivery)
+                            break
+                        except BufferError:
+                            p.poll(0.001)
+                left = p.flush(120)
+                t1 = time.perf_counter()
+                busy1 = _machine_busy_s()
+                if left or failed:
+                    raise RuntimeError(f"{m}: burst not delivered ({left} left, {failed[:3]})")
+                if i:
+                    seconds[m].append(t1 - t0)
+                    if busy0 is not None and busy1 is not None:
+                        busy[m].append(busy1 - busy0)
+    finally:
+        producers.clear()
+        for s in setups.values():
+            s.stop()
+    out: dict[str, dict[str, float]] = {}
+    direct = seconds.get("direct")
+    for m, v in seconds.items():
+        out[m] = {"mb_s": burst * LARGE / statistics.median(v) / 1e6, "n": len(v)}
+        if busy[m]:
+            out[m]["machine_cpu_s"] = statistics.median(busy[m])
+        if direct is not None and m != "direct":
+            # throughput ratio = direct's time / this mode's time, turn by turn
+            out[m]["ratio"] = statistics.median(a / b for a, b in zip(direct, v))
+    return out
+
+
 # ---------------------------------------------------------------------------
 # orchestration and report
 # ---------------------------------------------------------------------------
@@ -696,6 +779,13 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
             interleaved.append({m: one[m] for m in modes})
             print(f"interleaved latency, run {run + 1}/{args.interleaved_runs}: {one}",
                   file=sys.stderr, flush=True)
+        bursts = []
+        for run in range(args.burst_runs if args.bursts else 0):
+            order = modes[run % len(modes):] + modes[:run % len(modes)]
+            one = _interleaved_throughput(order, args.bursts, args.burst, workdir)
+            bursts.append({m: one[m] for m in modes})
+            print(f"interleaved throughput, run {run + 1}/{args.burst_runs}: {one}",
+                  file=sys.stderr, flush=True)
         memory = {}
         if args.idle or args.busy:
             for mode in modes:
@@ -704,7 +794,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                 memory[mode] = _measure_memory(mode, args, workdir)
                 print(f"memory {mode}: {memory[mode]}", file=sys.stderr, flush=True)
     return {"raw": raw, "proxy_stats": stats, "memory": memory, "interleaved": interleaved,
-            "args": vars(args),
+            "bursts": bursts, "args": vars(args),
             "loadavg": [load_before, os.getloadavg()], "run_at": run_at,
             "cpu_count": os.cpu_count()}
 
@@ -812,6 +902,33 @@ def report(data: dict[str, Any]) -> str:
                  if ds else "-")
             lines.append(f"| {m} | {statistics.median(r['p50'] for r in rs):.0f} | "
                          f"{statistics.median(r['p99'] for r in rs):.0f} | {d} |")
+    if data.get("bursts"):
+        runs = data["bursts"]
+        burst_mb = args["burst"] * LARGE / 1e6
+        lines.append("")
+        lines.append(f"10 KiB produce interleaved burst by burst, {len(runs)} run(s): in each, "
+                     f"every mode set up afresh at once (each with its own broker), one "
+                     f"producer per mode, each turn one burst of {args['burst']} messages "
+                     f"({burst_mb:.1f} MB, first `produce()` to end of `flush()`) through "
+                     f"every mode in turn, {args['bursts']} turns (+1 warm-up). The ratio "
+                     f"of a run is the median over its turns of the mode's throughput over "
+                     f"direct's in the same turn; the table gives medians over the runs and "
+                     f"the range of the ratios. Machine CPU: the CPU seconds every process "
+                     f"on the machine was busy for during a burst (median of the turns, "
+                     f"10 ms ticks), per MB.")
+        lines.append("")
+        lines.append("| mode | MB/s | ×direct, paired by turn (lowest–highest run) | "
+                     "machine CPU ms per MB |")
+        lines.append("|---|---|---|---|")
+        for m in runs[0]:
+            rs = [r[m] for r in runs if m in r]
+            ratios = [r["ratio"] for r in rs if "ratio" in r]
+            ratio = (f"×{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
+                     if ratios else "×1.00")
+            cpus = [r["machine_cpu_s"] for r in rs if "machine_cpu_s" in r]
+            cpu = f"{statistics.median(cpus) / burst_mb * 1000:.2f}" if cpus else "-"
+            lines.append(f"| {m} | {statistics.median(r['mb_s'] for r in rs):.1f} | {ratio} | "
+                         f"{cpu} |")
     if data.get("memory"):
         lines.append("")
         lines.append(f"| mode | RSS at start MiB | KiB per idle connection ({args['idle']}) | "
@@ -874,6 +991,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="latency-loop round trips per mode and run, interleaved (0: none)")
     ap.add_argument("--interleaved-runs", type=int, default=5,
                     help="runs of the interleaved latency loop, each on fresh processes")
+    ap.add_argument("--bursts", type=int, default=30,
+                    help="turns of the interleaved 10 KiB produce bursts per run (0: none)")
+    ap.add_argument("--burst", type=int, default=2000,
+                    help="10 KiB messages per burst (each mode's broker keeps every one: "
+                         "bursts × burst × 10 KiB per run)")
+    ap.add_argument("--burst-runs", type=int, default=5,
+                    help="runs of the interleaved bursts, each on fresh processes")
     ap.add_argument("--idle", type=int, default=500, help="idle connections for memory")
     ap.add_argument("--busy", type=int, default=50, help="busy connections for memory")
     ap.add_argument("--busy-seconds", type=float, default=3.0)
