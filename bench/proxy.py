@@ -924,7 +924,7 @@ def report(data: dict[str, Any]) -> str:
             rs = [r[m] for r in runs if m in r]
             ratios = [r["ratio"] for r in rs if "ratio" in r]
             ratio = (f"×{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
-                     if ratios else "×1.00")
+                     if ratios else "×1.00" if m == "direct" else "-")
             cpus = [r["machine_cpu_s"] for r in rs if "machine_cpu_s" in r]
             cpu = f"{statistics.median(cpus) / burst_mb * 1000:.2f}" if cpus else "-"
             lines.append(f"| {m} | {statistics.median(r['mb_s'] for r in rs):.1f} | {ratio} | "
