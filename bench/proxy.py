@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -93,7 +94,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -598,14 +599,12 @@ def _measure_memory(mode: str, args: argparse.Namespace, workdir: Path) -> dict[
 # the latency loop, interleaved message by message
 # ---------------------------------------------------------------------------
 
-def _interleaved_latency(modes: list[str], n: int, warmup: int,
-                         workdir: Path) -> dict[str, dict[str, float]]:
-    """The latency loop (produce one 100-byte message, ``flush()``) interleaved
-    message by message: every mode is set up at once (each with its own fresh
-    broker, as in the rounds), one confluent-kafka producer per mode, and each turn
-    runs one round trip through every mode, starting at a different mode each turn.
-    Returns, per mode, p50/p99 in µs and (for kinspect modes and the peers) the
-    median over turns of its round trip minus the forwarder's in the same turn."""
+@contextlib.contextmanager
+def _every_mode_at_once(modes: list[str], topic: str, workdir: Path) -> Iterator[dict[str, Any]]:
+    """Every mode set up at once (each with its own fresh broker, as in the rounds),
+    ``topic`` created (one partition) and one confluent-kafka producer per mode
+    (``acks=1``, ``linger.ms=5``): yields ``{mode: producer}`` in the order given,
+    and stops every broker and proxy on the way out."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -617,11 +616,27 @@ def _interleaved_latency(modes: list[str], n: int, warmup: int,
         for m, s in setups.items():
             common = {"bootstrap.servers": s.bootstrap, "client.id": "kinspect-bench"}
             admin = AdminClient(common)
-            for fut in admin.create_topics([NewTopic("bench-interleaved", 1, 1)]).values():
+            for fut in admin.create_topics([NewTopic(topic, 1, 1)]).values():
                 fut.result(timeout=20)
             producers[m] = Producer({**common, "acks": 1, "linger.ms": 5})
+        yield producers
+    finally:
+        producers.clear()
+        for s in setups.values():
+            s.stop()
+
+
+def _interleaved_latency(modes: list[str], n: int, warmup: int,
+                         workdir: Path) -> dict[str, dict[str, float]]:
+    """The latency loop (produce one 100-byte message, ``flush()``) interleaved
+    message by message: every mode is set up at once (each with its own fresh
+    broker, as in the rounds), one confluent-kafka producer per mode, and each turn
+    runs one round trip through every mode, starting at a different mode each turn.
+    Returns, per mode, p50/p99 in µs and (for kinspect modes and the peers) the
+    median over turns of its round trip minus the forwarder's in the same turn."""
+    with _every_mode_at_once(modes, "bench-interleaved", workdir) as producers:
         value = os.urandom(SMALL)
-        names = list(setups)
+        names = list(producers)
         times: dict[str, list[float]] = {m: [] for m in names}
         for i in range(warmup + n):
             k = i % len(names)
@@ -633,10 +648,6 @@ def _interleaved_latency(modes: list[str], n: int, warmup: int,
                     raise RuntimeError(f"{m}: latency message not delivered")
                 if i >= warmup:
                     times[m].append((time.perf_counter_ns() - t0) / 1000)
-    finally:
-        producers.clear()
-        for s in setups.values():
-            s.stop()
     out: dict[str, dict[str, float]] = {}
     fwd = times.get("forwarder")
     for m, v in times.items():
@@ -660,28 +671,15 @@ def _interleaved_throughput(modes: list[str], turns: int, burst: int,
     seconds per burst (median; from /proc/stat, every process), and for every mode
     but direct the median over turns of its throughput divided by direct's in the
     same turn."""
-    from confluent_kafka import Producer
-    from confluent_kafka.admin import AdminClient, NewTopic
-
-    setups: dict[str, Setup] = {}
-    producers: dict[str, Any] = {}
     failed: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:
         if err is not None:
             failed.append(str(err))
 
-    try:
-        for m in modes:
-            setups[m] = Setup(m, workdir)
-        for m, s in setups.items():
-            common = {"bootstrap.servers": s.bootstrap, "client.id": "kinspect-bench"}
-            admin = AdminClient(common)
-            for fut in admin.create_topics([NewTopic("bench-bursts", 1, 1)]).values():
-                fut.result(timeout=20)
-            producers[m] = Producer({**common, "acks": 1, "linger.ms": 5})
+    with _every_mode_at_once(modes, "bench-bursts", workdir) as producers:
         value = os.urandom(LARGE)
-        names = list(setups)
+        names = list(producers)
         seconds: dict[str, list[float]] = {m: [] for m in names}
         busy: dict[str, list[float]] = {m: [] for m in names}
         for i in range(turns + 1):  # (turn 0 warms up)
@@ -706,10 +704,6 @@ def _interleaved_throughput(modes: list[str], turns: int, burst: int,
                     seconds[m].append(t1 - t0)
                     if busy0 is not None and busy1 is not None:
                         busy[m].append(busy1 - busy0)
-    finally:
-        producers.clear()
-        for s in setups.values():
-            s.stop()
     out: dict[str, dict[str, float]] = {}
     direct = seconds.get("direct")
     for m, v in seconds.items():
@@ -805,6 +799,12 @@ def _median_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
     return {k: statistics.median(m[k] for m in ms if k in m) for k in keys}
 
 
+def _table(lines: list[str], caption: str, columns: list[str]) -> None:
+    """Append a blank line, ``caption``, a blank line and a markdown table's head."""
+    lines += ["", caption, "", "| " + " | ".join(columns) + " |",
+              "|" + "---|" * len(columns)]
+
+
 def report(data: dict[str, Any]) -> str:
     args = data["args"]
     modes = [m for m in args["modes"] if data["raw"].get(m)]
@@ -883,18 +883,15 @@ def report(data: dict[str, Any]) -> str:
         runs = data["interleaved"]
         if isinstance(runs, dict):  # (one run: JSON written before runs were repeated)
             runs = [runs]
-        lines.append("")
-        lines.append(f"Latency loop interleaved message by message, {len(runs)} run(s): in "
-                     f"each, every mode set up afresh at once (each with its own broker), "
-                     f"one producer per mode, each turn one produce-and-flush through every "
-                     f"mode, {args['interleaved']} turns (+{args['warmup']} warm-up). The "
-                     f"difference of a run is the median over its turns of the mode's "
-                     f"round trip minus the forwarder's in the same turn; the table gives "
-                     f"medians over the runs, and the range of the differences.")
-        lines.append("")
-        lines.append("| mode | p50 µs | p99 µs | Δ vs forwarder, paired by turn µs "
-                     "(lowest–highest run) |")
-        lines.append("|---|---|---|---|")
+        _table(lines, f"Latency loop interleaved message by message, {len(runs)} run(s): in "
+               f"each, every mode set up afresh at once (each with its own broker), "
+               f"one producer per mode, each turn one produce-and-flush through every "
+               f"mode, {args['interleaved']} turns (+{args['warmup']} warm-up). The "
+               f"difference of a run is the median over its turns of the mode's "
+               f"round trip minus the forwarder's in the same turn; the table gives "
+               f"medians over the runs, and the range of the differences.",
+               ["mode", "p50 µs", "p99 µs",
+                "Δ vs forwarder, paired by turn µs (lowest–highest run)"])
         for m in runs[0]:
             rs = [r[m] for r in runs if m in r]
             ds = [r["d_vs_fwd"] for r in rs if "d_vs_fwd" in r]
@@ -905,21 +902,18 @@ def report(data: dict[str, Any]) -> str:
     if data.get("bursts"):
         runs = data["bursts"]
         burst_mb = args["burst"] * LARGE / 1e6
-        lines.append("")
-        lines.append(f"10 KiB produce interleaved burst by burst, {len(runs)} run(s): in each, "
-                     f"every mode set up afresh at once (each with its own broker), one "
-                     f"producer per mode, each turn one burst of {args['burst']} messages "
-                     f"({burst_mb:.1f} MB, first `produce()` to end of `flush()`) through "
-                     f"every mode in turn, {args['bursts']} turns (+1 warm-up). The ratio "
-                     f"of a run is the median over its turns of the mode's throughput over "
-                     f"direct's in the same turn; the table gives medians over the runs and "
-                     f"the range of the ratios. Machine CPU: the CPU seconds every process "
-                     f"on the machine was busy for during a burst (median of the turns, "
-                     f"10 ms ticks), per MB.")
-        lines.append("")
-        lines.append("| mode | MB/s | ×direct, paired by turn (lowest–highest run) | "
-                     "machine CPU ms per MB |")
-        lines.append("|---|---|---|---|")
+        _table(lines, f"10 KiB produce interleaved burst by burst, {len(runs)} run(s): in each, "
+               f"every mode set up afresh at once (each with its own broker), one "
+               f"producer per mode, each turn one burst of {args['burst']} messages "
+               f"({burst_mb:.1f} MB, first `produce()` to end of `flush()`) through "
+               f"every mode in turn, {args['bursts']} turns (+1 warm-up). The ratio "
+               f"of a run is the median over its turns of the mode's throughput over "
+               f"direct's in the same turn; the table gives medians over the runs and "
+               f"the range of the ratios. Machine CPU: the CPU seconds every process "
+               f"on the machine was busy for during a burst (median of the turns, "
+               f"10 ms ticks), per MB.",
+               ["mode", "MB/s", "×direct, paired by turn (lowest–highest run)",
+                "machine CPU ms per MB"])
         for m in runs[0]:
             rs = [r[m] for r in runs if m in r]
             ratios = [r["ratio"] for r in rs if "ratio" in r]
