@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
 import struct
+import time
 from typing import AsyncIterator
 
 from kinspect.codec import Codec, frame
@@ -14,6 +17,33 @@ from kinspect.flows import Flow
 from kinspect.proxy.server import Proxy, ProxyConfig
 
 _CODEC: Codec | None = None
+
+
+def freeze(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP process ``pid`` and return once every thread of it has stopped (state
+    ``T`` in ``/proc/<pid>/task/*/stat``). kill(2) returns before the threads of a
+    busy process have all taken the stop, and on a loaded machine a request sent
+    meanwhile could still be answered by a broker the test means to be frozen.
+
+    Raises:
+        AssertionError: the threads have not all stopped after ``timeout`` seconds.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while True:
+        states = []
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/stat") as fh:
+                    states.append(fh.read().rsplit(")", 1)[1].split()[0])
+            except FileNotFoundError:  # a thread that ended meanwhile
+                pass
+        if states and all(st in ("T", "t") for st in states):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} still running {timeout:.0f} s after SIGSTOP "
+                                 f"(thread states {states})")
+        time.sleep(0.001)
 
 
 def codec() -> Codec:

@@ -973,11 +973,13 @@ async def test_capture_process_ring_counts_in_the_backlog(tmp_path):
     the child runs again it falls to 0 with no further frame handed on."""
     import signal as _signal
 
+    from proxyutil import freeze
+
     from kinspect.flows import Flow
 
     child = CaptureProcess(tmp_path / "child.jsonl", CODEC, ring_bytes=1 << 20)
     try:
-        os.kill(child._proc.pid, _signal.SIGSTOP)
+        freeze(child._proc.pid)
         sent = 0
         for i in range(40):
             body = bytes([i]) * 50_000

@@ -7,7 +7,7 @@ import logging
 import os
 import signal
 
-from proxyutil import codec
+from proxyutil import codec, freeze
 from test_resilience import (
     ProxyProcess,
     PauseWatch,
@@ -54,7 +54,7 @@ async def test_a_capture_child_dying_while_the_proxy_waits_for_it_lets_the_proxy
     raw = None
     try:
         assert child.ring_bytes > child.pause_bytes, "needs the shared-memory ring (Linux)"
-        os.kill(child._proc.pid, signal.SIGSTOP)
+        freeze(child._proc.pid)
         raw = await Raw.open(*proxy.address)
         batch = record_batch([os.urandom(256 << 10)])
         reqs = [produce(k + 1, topic, batch) for k in range(120)]  # 30 MiB
@@ -120,7 +120,7 @@ async def test_a_stop_signal_to_every_process_of_the_proxy_leaves_the_whole_capt
         sent, received = [], []
         for corr in range(1, 41):
             if corr == 21:
-                os.kill(child, signal.SIGSTOP)
+                freeze(child)
             q = produce(corr, topic, batch)
             sent.append(q)
             received.append(await roundtrip(raw, q))

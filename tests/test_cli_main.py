@@ -645,6 +645,8 @@ def test_demo_stops_on_ctrl_c_while_its_broker_is_frozen(tmp_path):
     import signal
     from pathlib import Path
 
+    from proxyutil import freeze
+
     out = tmp_path / "flows.txt"
     with open(out, "wb") as fh:
         proc = subprocess.Popen([sys.executable, "-m", "kinspect", "demo", "--no-tui",
@@ -661,7 +663,7 @@ def test_demo_stops_on_ctrl_c_while_its_broker_is_frozen(tmp_path):
         brokers += _children_of(proc.pid)  # the demo's broker process
         assert brokers
         for pid in brokers:
-            os.kill(pid, signal.SIGSTOP)
+            freeze(pid)
         proc.send_signal(signal.SIGINT)
         # stopping: said at once, or after a second of waiting
         err = stderr_lines_until(

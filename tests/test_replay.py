@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from proxyutil import codec, record_session, request_bytes
+from proxyutil import codec, freeze, record_session, request_bytes
 
 from kinspect import cli
 from kinspect.brokers import TansuBroker
@@ -477,7 +477,7 @@ def test_a_broker_that_stops_answering_costs_one_timeout_per_connection(recorded
 
     path, _ = recorded
     flows = load_flows(path, codec())
-    os.kill(tansu.pid, signal.SIGSTOP)
+    freeze(tansu.pid)
     try:
         report = asyncio.run(Replayer(codec(), flows, (tansu.host, tansu.port), speed=None,
                                       timeout=1, connect_timeout=10).run())

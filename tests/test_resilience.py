@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import pytest
-from proxyutil import codec, exchange, request_bytes, running_proxy
+from proxyutil import codec, exchange, freeze, request_bytes, running_proxy
 
 from kinspect.brokers import TansuBroker, free_port
 from kinspect.codec import frame
@@ -657,7 +657,7 @@ async def test_requests_waiting_for_answers_are_bounded_then_all_answered(tansu)
         (size,) = struct.unpack(">i", await asyncio.wait_for(reader.readexactly(4), 20))
         await reader.readexactly(size)
         [conn] = proxy.connections
-        os.kill(tansu.pid, signal.SIGSTOP)
+        freeze(tansu.pid)
         try:
             writer.write(b"".join(frame(api_versions(i)) for i in range(1, n + 1)))
             await wait_for(lambda: conn.client_hold & HOLD_INFLIGHT,
@@ -745,7 +745,7 @@ async def _frozen_with_a_rest(tansu, proxy, n: int):
     s.sendall(frame(api_versions(n + 1)))
     await asyncio.get_running_loop().run_in_executor(None, _read_frame, s)  # up, answered
     [conn] = proxy.connections
-    os.kill(tansu.pid, signal.SIGSTOP)
+    freeze(tansu.pid)
     s.sendall(b"".join(frame(api_versions(i)) for i in range(1, n + 1)))
     await wait_for(lambda: conn.client_hold & HOLD_INFLIGHT and conn.req_cut.rest,
                    what="the later slices to wait for answers")
@@ -895,7 +895,7 @@ async def test_answers_waiting_in_a_read_go_out_rewritten_when_the_connection_en
         s = socket.create_connection(proxy.address)
         s.sendall(frame(api_versions(100)))
         await loop.run_in_executor(None, _read_frame, s)  # up, answered
-        os.kill(tansu.pid, signal.SIGSTOP)
+        freeze(tansu.pid)
         try:
             s.sendall(b"".join(frame(metadata(i)) for i in range(1, n + 1)))
             [conn] = proxy.connections
