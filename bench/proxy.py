@@ -42,7 +42,8 @@ measurement:
 
 Then the latency loop interleaved message by message, ``--interleaved-runs`` times:
 every mode set up at once (each with its own fresh broker), one producer per mode,
-and ``--interleaved`` turns, each one produce-and-flush through every mode, so that
+and ``--interleaved`` turns, each one produce-and-flush through every mode in a
+random order (a fresh permutation each turn, seeded by the run's number), so that
 every mode's round trips meet the same machine state; the difference to the
 forwarder is taken turn by turn. Each run starts every process afresh: runs of the
 same code differ by tens of microseconds (most likely where the scheduler places a
@@ -50,11 +51,12 @@ run's processes), which no interleaving within a run cancels, so the report give
 the median over runs and their range.
 
 Then 10 KiB produce interleaved burst by burst, ``--burst-runs`` times: every mode
-set up at once again, one producer per mode, and ``--bursts`` turns, each producing
-one burst of ``--burst`` messages through every mode in turn (one mode busy at a
-time), so that each mode's bursts meet the machine state its neighbours met a
-fraction of a second before; each mode's throughput is divided by direct's turn by
-turn. The rounds above pair modes half a minute apart, which on a shared virtual
+set up at once again, one producer per mode, and ``--bursts`` turns after one of
+warm-up, each producing one burst of ``--burst`` messages through every mode in
+turn (one mode busy at a time, in a random order as above), so that each mode's
+bursts meet the machine state its neighbours met a fraction of a second before;
+each mode's throughput is divided by direct's turn by turn, and the CPU the whole
+machine was busy for during each burst (``/proc/stat``) is reported per MB. The rounds above pair modes half a minute apart, which on a shared virtual
 machine moves a round's ratio by tens of percent; this pairing moves a run's ratio by
 a few.
 
@@ -85,6 +87,7 @@ import contextlib
 import json
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -94,7 +97,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -622,25 +625,43 @@ def _every_mode_at_once(modes: list[str], topic: str, workdir: Path) -> Iterator
         yield producers
     finally:
         producers.clear()
-        for s in setups.values():
-            s.stop()
+        failed = None
+        for s in setups.values():  # every one, whatever happens to the others
+            try:
+                s.stop()
+            except Exception as e:  # noqa: BLE001 - said once all are stopped
+                failed = failed or e
+        if failed is not None and sys.exc_info()[1] is None:
+            raise failed
 
 
-def _interleaved_latency(modes: list[str], n: int, warmup: int,
-                         workdir: Path) -> dict[str, dict[str, float]]:
+def _turns(names: list[str], n: int, seed: int) -> Iterator[list[str]]:
+    """``n`` orders of ``names``, one per turn, each a fresh random permutation
+    (``random.Random(seed)``): no mode always follows the same one, so that what a
+    mode leaves running after its turn (a capture child still writing, say) lands on
+    every other mode in turn rather than always on one neighbour."""
+    rng = random.Random(seed)
+    for _ in range(n):
+        order = list(names)
+        rng.shuffle(order)
+        yield order
+
+
+def _interleaved_latency(modes: list[str], n: int, warmup: int, workdir: Path,
+                         seed: int = 0) -> dict[str, dict[str, float]]:
     """The latency loop (produce one 100-byte message, ``flush()``) interleaved
     message by message: every mode is set up at once (each with its own fresh
     broker, as in the rounds), one confluent-kafka producer per mode, and each turn
-    runs one round trip through every mode, starting at a different mode each turn.
+    runs one round trip through every mode, in a random order each turn (see
+    :func:`_turns`; ``seed``).
     Returns, per mode, p50/p99 in µs and (for kinspect modes and the peers) the
     median over turns of its round trip minus the forwarder's in the same turn."""
     with _every_mode_at_once(modes, "bench-interleaved", workdir) as producers:
         value = os.urandom(SMALL)
         names = list(producers)
         times: dict[str, list[float]] = {m: [] for m in names}
-        for i in range(warmup + n):
-            k = i % len(names)
-            for m in names[k:] + names[:k]:
+        for i, order in enumerate(_turns(names, warmup + n, seed)):
+            for m in order:
                 p = producers[m]
                 t0 = time.perf_counter_ns()
                 p.produce("bench-interleaved", value)
@@ -659,13 +680,13 @@ def _interleaved_latency(modes: list[str], n: int, warmup: int,
     return out
 
 
-def _interleaved_throughput(modes: list[str], turns: int, burst: int,
-                            workdir: Path) -> dict[str, dict[str, float]]:
+def _interleaved_throughput(modes: list[str], turns: int, burst: int, workdir: Path,
+                            seed: int = 0) -> dict[str, dict[str, float]]:
     """10 KiB produce interleaved burst by burst: every mode is set up at once (each
     with its own fresh broker), one confluent-kafka producer per mode, and each turn
     produces ``burst`` 10 KiB messages through every mode in turn (timed from the
-    first ``produce()`` to the end of ``flush()``), starting at a different mode each
-    turn, after one turn of warm-up. Only one mode is busy at a time, and a mode's
+    first ``produce()`` to the end of ``flush()``), in a random order each turn (see
+    :func:`_turns`; ``seed``), after one turn of warm-up. Only one mode is busy at a time, and a mode's
     bursts meet the same machine state as its neighbours' a fraction of a second
     apart. Returns, per mode: MB/s of the median burst, the machine's busy CPU
     seconds per burst (median; from /proc/stat, every process), and for every mode
@@ -682,9 +703,8 @@ def _interleaved_throughput(modes: list[str], turns: int, burst: int,
         names = list(producers)
         seconds: dict[str, list[float]] = {m: [] for m in names}
         busy: dict[str, list[float]] = {m: [] for m in names}
-        for i in range(turns + 1):  # (turn 0 warms up)
-            k = i % len(names)
-            for m in names[k:] + names[:k]:
+        for i, order in enumerate(_turns(names, turns + 1, seed)):  # (turn 0 warms up)
+            for m in order:
                 p = producers[m]
                 busy0 = _machine_busy_s()
                 t0 = time.perf_counter()
@@ -769,14 +789,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
         interleaved = []
         for run in range(args.interleaved_runs if args.interleaved else 0):
             order = modes[run % len(modes):] + modes[:run % len(modes)]
-            one = _interleaved_latency(order, args.interleaved, args.warmup, workdir)
+            one = _interleaved_latency(order, args.interleaved, args.warmup, workdir, run)
             interleaved.append({m: one[m] for m in modes})
             print(f"interleaved latency, run {run + 1}/{args.interleaved_runs}: {one}",
                   file=sys.stderr, flush=True)
         bursts = []
         for run in range(args.burst_runs if args.bursts else 0):
             order = modes[run % len(modes):] + modes[:run % len(modes)]
-            one = _interleaved_throughput(order, args.bursts, args.burst, workdir)
+            one = _interleaved_throughput(order, args.bursts, args.burst, workdir, run)
             bursts.append({m: one[m] for m in modes})
             print(f"interleaved throughput, run {run + 1}/{args.burst_runs}: {one}",
                   file=sys.stderr, flush=True)
@@ -960,6 +980,16 @@ def update_file(path: Path, block: str) -> None:
     path.write_text(text)
 
 
+def _at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an int no less than ``low``."""
+    def parse(text: str) -> int:
+        v = int(text)
+        if v < low:
+            raise argparse.ArgumentTypeError(f"{v} is less than {low}")
+        return v
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="kinspect proxy benchmark")
     sub = ap.add_subparsers(dest="cmd")
@@ -985,11 +1015,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="latency-loop round trips per mode and run, interleaved (0: none)")
     ap.add_argument("--interleaved-runs", type=int, default=5,
                     help="runs of the interleaved latency loop, each on fresh processes")
-    ap.add_argument("--bursts", type=int, default=30,
+    ap.add_argument("--bursts", type=_at_least(0), default=30,
                     help="turns of the interleaved 10 KiB produce bursts per run (0: none)")
-    ap.add_argument("--burst", type=int, default=2000,
+    ap.add_argument("--burst", type=_at_least(1), default=2000,
                     help="10 KiB messages per burst (each mode's broker keeps every one: "
-                         "bursts × burst × 10 KiB per run)")
+                         "(bursts + 1) × burst × 10 KiB per run, with the warm-up turn)")
     ap.add_argument("--burst-runs", type=int, default=5,
                     help="runs of the interleaved bursts, each on fresh processes")
     ap.add_argument("--idle", type=int, default=500, help="idle connections for memory")
