@@ -56,9 +56,10 @@ warm-up, each producing one burst of ``--burst`` messages through every mode in
 turn (one mode busy at a time, in a random order as above), so that each mode's
 bursts meet the machine state its neighbours met a fraction of a second before;
 each mode's throughput is divided by direct's turn by turn, and the CPU the whole
-machine was busy for during each burst (``/proc/stat``) is reported per MB. The rounds above pair modes half a minute apart, which on a shared virtual
-machine moves a round's ratio by tens of percent; this pairing moves a run's ratio by
-a few.
+machine was busy for during each burst (``/proc/stat``) is reported per MB. The
+rounds above pair modes half a minute apart, which on a shared virtual machine
+moves a round's ratio by tens of percent; this pairing moves a run's ratio by a
+few.
 
 Then, once per proxy mode, memory: RSS of the proxy process before and after
 opening ``--idle`` idle connections (each sends one ApiVersions request and
@@ -686,9 +687,9 @@ def _interleaved_throughput(modes: list[str], turns: int, burst: int, workdir: P
     with its own fresh broker), one confluent-kafka producer per mode, and each turn
     produces ``burst`` 10 KiB messages through every mode in turn (timed from the
     first ``produce()`` to the end of ``flush()``), in a random order each turn (see
-    :func:`_turns`; ``seed``), after one turn of warm-up. Only one mode is busy at a time, and a mode's
-    bursts meet the same machine state as its neighbours' a fraction of a second
-    apart. Returns, per mode: MB/s of the median burst, the machine's busy CPU
+    :func:`_turns`; ``seed``), after one turn of warm-up. Only one mode is busy at a
+    time, and a mode's bursts meet the same machine state as its neighbours' a
+    fraction of a second apart. Returns, per mode: MB/s of the median burst, the machine's busy CPU
     seconds per burst (median; from /proc/stat, every process), and for every mode
     but direct the median over turns of its throughput divided by direct's in the
     same turn."""
@@ -906,9 +907,10 @@ def report(data: dict[str, Any]) -> str:
         _table(lines, f"Latency loop interleaved message by message, {len(runs)} run(s): in "
                f"each, every mode set up afresh at once (each with its own broker), "
                f"one producer per mode, each turn one produce-and-flush through every "
-               f"mode, {args['interleaved']} turns (+{args['warmup']} warm-up). The "
-               f"difference of a run is the median over its turns of the mode's "
-               f"round trip minus the forwarder's in the same turn; the table gives "
+               f"mode in a random order, {args['interleaved']} turns "
+               f"(+{args['warmup']} warm-up). The difference of a run is the median over "
+               f"its turns of the mode's round trip minus the forwarder's in the same "
+               f"turn; the table gives "
                f"medians over the runs, and the range of the differences.",
                ["mode", "p50 µs", "p99 µs",
                 "Δ vs forwarder, paired by turn µs (lowest–highest run)"])
@@ -926,7 +928,7 @@ def report(data: dict[str, Any]) -> str:
                f"every mode set up afresh at once (each with its own broker), one "
                f"producer per mode, each turn one burst of {args['burst']} messages "
                f"({burst_mb:.1f} MB, first `produce()` to end of `flush()`) through "
-               f"every mode in turn, {args['bursts']} turns (+1 warm-up). The ratio "
+               f"every mode in a random order, {args['bursts']} turns (+1 warm-up). The ratio "
                f"of a run is the median over its turns of the mode's throughput over "
                f"direct's in the same turn; the table gives medians over the runs and "
                f"the range of the ratios. Machine CPU: the CPU seconds every process "
