@@ -760,6 +760,72 @@ def test_response_tag_scanner_finds_the_tags_of_a_frame_in_a_larger_buffer():
     assert len(c._tag_scans) <= 4096 + checked
 
 
+def test_scan_clear_answers_what_the_scan_would_with_no_objects():
+    """``scan_clear`` (the proxy's question before forwarding a response whose
+    broker addresses can only sit under some top-level tags, KIP-951) must answer
+    what ``scan_tags`` would: ``True`` exactly when the body scans to the window's
+    end and none of its top-level tags has its bit in the trigger mask. Checked for
+    every flexible response version of the default specs with and without tags
+    (known and unknown, under 64 and over), windows a byte short and a byte long, a
+    ProduceResponse v10 carrying ``NodeEndpoints`` (tag 0), and arguments it refuses."""
+    from kinspect.codec import Codec
+    from kinspect.codec.protocol import Response, scan_clear, scan_tags
+
+    if NATIVE is None:  # (KINSPECT_NATIVE=0)
+        assert scan_clear is None
+        return
+    c = Codec()
+
+    def want(program, buf, pos, end, mask):
+        got = scan_tags(program, buf, pos, end)
+        return (got is not None and got[0] == end
+                and not any(t < 64 and mask >> t & 1 for t in got[1]))
+
+    masks = (0, 1, 1 << 7, (1 << 7) | 1, 1 << 63, (1 << 64) - 1)
+    checked = 0
+    for api_key, version, hv, cls in _flexible_responses(c):
+        program, offset = c.response_tag_scanner(api_key, version)
+        for body in (cls(), cls(unknown_tags={7: b"t", 900: b""}), cls(unknown_tags={63: b""})):
+            frame = c.encode_response(Response(api_key, version, 9, hv, None, body, 0,
+                                               "", version))
+            buf = b"\x00\x00\x01\x00" + frame + b"\x00\x07"
+            end = 4 + len(frame)
+            for mask in masks:
+                for stop in (end, end - 1, end + 1):
+                    assert scan_clear(program, buf, 4 + offset, stop, mask) is \
+                        want(program, buf, 4 + offset, stop, mask), (api_key, version, mask)
+                assert scan_clear(program, buf, 4 + offset, end, mask) is not \
+                    any(t < 64 and mask >> t & 1 for t in body.unknown_tags or ())
+            checked += 1
+    assert checked > 100
+    # a Produce answer naming its new leader's endpoint (KIP-951): clear of every
+    # tag but 0
+    from kinspect.codec.values import struct_class
+
+    program, offset = c.response_tag_scanner(0, 10)
+    spec = c.registry.response(0)
+    endpoint = struct_class(spec.struct.field("NodeEndpoints").struct)
+    body = struct_class(spec.struct)(
+        NodeEndpoints=[endpoint(NodeId=1, Host="broker-1.example", Port=9092)])
+    frame = c.encode_response(Response(0, 10, 1, 1, None, body, 0, "", 10))
+    assert scan_tags(program, frame, offset, len(frame))[1] == [0]
+    assert scan_clear(program, frame, offset, len(frame), 1) is False
+    assert scan_clear(program, frame, offset, len(frame), 2) is True
+    # refused: a window outside the buffer is not clear; wrong arguments raise
+    assert scan_clear(program, frame, offset, len(frame) + 1, 0) is False
+    assert scan_clear(program, frame, -1, len(frame), 0) is False
+    with pytest.raises(TypeError):
+        scan_clear(program, frame, offset, len(frame))
+    with pytest.raises(TypeError):
+        scan_clear(program, frame, offset, len(frame), 1.0)
+    with pytest.raises(TypeError):
+        scan_clear(program, bytearray(frame), offset, len(frame), 0)
+    with pytest.raises(OverflowError):
+        scan_clear(program, frame, offset, len(frame), -1)
+    with pytest.raises(OverflowError):
+        scan_clear(program, frame, offset, len(frame), 1 << 64)
+
+
 PACKED = {
     "name": "PackedData", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
     "fields": [

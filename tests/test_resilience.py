@@ -2263,6 +2263,29 @@ async def test_a_failing_in_place_scanner_leaves_the_check_to_the_generic_step(
     assert len(produced) == 2 and all(not f.flags and f.response for f in produced)
 
 
+def test_the_in_place_scan_asks_for_its_trigger_tags_as_a_mask():
+    """The short path asks the C scan in place (``scan_clear``) whether a response
+    carries one of the top-level tags under which its broker addresses sit, given as
+    a bit mask (Produce v10+: KIP-951 ``NodeEndpoints``, tag 0). A spec whose
+    trigger tag is 64 or over has no bit to give: its responses are left to the
+    generic rewrite step, as without the C extension."""
+    from kinspect.codec.protocol import scan_clear
+    from kinspect.proxy.server import Proxy, ProxyConfig
+
+    proxy = Proxy(ProxyConfig(upstream=("127.0.0.1", 9)), codec())
+    chk = proxy.response_check(0, 10)
+    if scan_clear is None:  # (KINSPECT_NATIVE=0)
+        assert chk == (0, 10, None)
+        return
+    assert chk[:2] == (0, 10) and chk[2][1:] == (9, 1)  # header v1 + size prefix; tag 0
+    high = Proxy(ProxyConfig(upstream=("127.0.0.1", 9)), codec())
+    high._trigger_cache[(0, 10)] = frozenset({0, 64})
+    assert high.response_check(0, 10) == (0, 10, None)
+    both = Proxy(ProxyConfig(upstream=("127.0.0.1", 9)), codec())
+    both._trigger_cache[(0, 11)] = frozenset({0, 5, 63})
+    assert both.response_check(0, 11)[2][2] == 1 | 1 << 5 | 1 << 63
+
+
 @contextlib.asynccontextmanager
 async def batchless_proxy(tansu, addons=()):
     """A proxy whose pipeline runs no batch unless asked for (``delay`` an hour), so

@@ -542,7 +542,7 @@ tags_repeat(Ctx *c, Py_ssize_t pos, uint64_t cnt)
  * the contents of strings (UTF-8) and of tagged fields, so whatever decodes scans to
  * the same end. Returns 0, or -1 (an exception set only for a failed allocation). */
 static int
-skip_struct(Program *pg, Ctx *c, PyObject *tags)
+skip_struct(Program *pg, Ctx *c, PyObject *tags, uint64_t *mask)
 {
     if (c->depth >= MAX_DEPTH || !pg->ready)
         return -1;
@@ -590,7 +590,7 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
                 goto fail;
             for (int64_t i = 0; i < n; i++) {
                 Py_ssize_t at = c->pos;
-                if (op->sub != NULL ? skip_struct(op->sub, c, NULL)
+                if (op->sub != NULL ? skip_struct(op->sub, c, NULL, NULL)
                                     : skip_strbytes(c, op->type == T_STR, op->compact, 0))
                     goto fail;
                 if (c->pos == at)
@@ -606,7 +606,7 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
                 if (m < 0)
                     break;
             }
-            if (skip_struct(op->sub, c, NULL))
+            if (skip_struct(op->sub, c, NULL, NULL))
                 goto fail;
             break;
         default:  /* defaults: nothing on the wire */
@@ -633,6 +633,8 @@ skip_struct(Program *pg, Ctx *c, PyObject *tags)
             for (Py_ssize_t k = 0; k < pg->nbadtags; k++)
                 if (pg->badtags[k] == tag)
                     goto fail;
+            if (mask != NULL && tag < 64)
+                *mask |= (uint64_t)1 << tag;
             if (tags != NULL) {
                 PyObject *t = PyLong_FromUnsignedLongLong(tag);
                 if (t == NULL || PyList_Append(tags, t) < 0) {
@@ -698,13 +700,49 @@ native_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     PyObject *tags = PyList_New(0);
     if (tags == NULL)
         return NULL;
-    if (skip_struct(pg, &c, tags)) {
+    if (skip_struct(pg, &c, tags, NULL)) {
         Py_DECREF(tags);
         if (PyErr_Occurred())
             return NULL;
         Py_RETURN_NONE;
     }
     return Py_BuildValue("(nN)", c.pos, tags);
+}
+
+/* scan_clear(program, buf: bytes, pos: int, end: int, triggers: int) -> bool: whether
+ * buf[pos:end] scans to exactly end with no top-level tag t of bit 1 << t in triggers
+ * (tags under 64). What the proxy asks of every response whose broker addresses can
+ * only sit under some top-level tags, between reading it and forwarding it: it builds
+ * nothing, so that the little it touches is all that stands in the way. */
+static PyObject *
+native_scan_clear(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    Program *pg;
+    Ctx c;
+    if (nargs != 5 || !PyLong_CheckExact(args[4])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "scan_clear(program, buf: bytes, pos, end, triggers: int)");
+        return NULL;
+    }
+    uint64_t triggers = PyLong_AsUnsignedLongLong(args[4]);
+    if (triggers == (uint64_t)-1 && PyErr_Occurred())
+        return NULL;
+    int ok = walk_args(args, 4, "scan_clear(program, buf: bytes, pos, end, triggers: int)",
+                       &pg, &c);
+    if (ok <= 0) {
+        if (ok < 0)
+            return NULL;
+        Py_RETURN_FALSE;
+    }
+    uint64_t found = 0;
+    if (skip_struct(pg, &c, NULL, &found)) {
+        if (PyErr_Occurred())
+            return NULL;
+        Py_RETURN_FALSE;
+    }
+    if (c.pos == c.end && (found & triggers) == 0)
+        Py_RETURN_TRUE;
+    Py_RETURN_FALSE;
 }
 
 /* decode(program, buf: bytes, pos: int, end: int) -> (value, end_offset) | None */
@@ -1229,6 +1267,10 @@ static PyMethodDef module_methods[] = {
     {"scan", (PyCFunction)(void (*)(void))native_scan, METH_FASTCALL,
      "scan(program, buf: bytes, pos: int, end: int) -> (end offset, [top-level tags]) or "
      "None: walks buf[pos:end] as decode() would, building nothing."},
+    {"scan_clear", (PyCFunction)(void (*)(void))native_scan_clear, METH_FASTCALL,
+     "scan_clear(program, buf: bytes, pos: int, end: int, triggers: int) -> whether "
+     "buf[pos:end] scans to exactly end (as scan() would) with none of the top-level "
+     "tags whose bits (1 << tag, tags under 64) are set in triggers."},
     {"default", (PyCFunction)native_default, METH_O,
      "default(program) -> a new instance with every field at its default."},
     {NULL}

@@ -18,7 +18,8 @@ from struct import Struct as _S
 from typing import Any
 
 from .errors import DecodeError, EncodeError, KinspectError
-from .registry import MessageCodec, SpecRegistry, _native_scan, default_registry
+from .registry import (MessageCodec, SpecRegistry, _native_scan, _native_scan_clear,
+                       default_registry)
 from .values import Struct
 
 #: The C scan of a struct (``kinspect.codec._native.scan``), or ``None`` when the
@@ -26,6 +27,12 @@ from .values import Struct
 #: ``(end offset, [top-level tag numbers])`` or ``None`` (see
 #: :meth:`Codec.response_tag_scanner`, which hands out programs only when this exists).
 scan_tags = _native_scan
+#: The same walk answering one question, for the proxy's forwarding path (present
+#: with :data:`scan_tags`): ``scan_clear(program, buf, pos, end, triggers)`` -> ``True``
+#: when ``buf[pos:end]`` scans to exactly ``end`` and none of its top-level tags ``t``
+#: has its bit ``1 << t`` set in the int ``triggers`` (tags under 64), else ``False``.
+#: It builds nothing: no tuple, no list, no ints.
+scan_clear = _native_scan_clear
 
 _UNSET = object()
 

@@ -37,6 +37,7 @@ from .values import Struct, struct_class
 
 _native_decode = getattr(_NATIVE, "decode", None)
 _native_scan = getattr(_NATIVE, "scan", None)
+_native_scan_clear = getattr(_NATIVE, "scan_clear", None)
 
 #: the project's own spec files: the copy a wheel installs as ``kinspect/_specs``
 #: (setup.py), else ``specs/`` of the checkout kinspect runs from

@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 from ..codec import Codec, DecodeError, FrameSizeError, KinspectError
 from ..codec.frames import DEFAULT_MAX_FRAME
-from ..codec.protocol import scan_tags as _scan_tags
+from ..codec.protocol import scan_clear as _scan_clear
 from ..flows import MUTATED, NO_RESPONSE, REWRITTEN, UNDECODED, UNPAIRED, Flow
 from .rewrite import AddressRewriter, Unspliceable
 from .tracker import PRODUCE, SASL_HANDSHAKE, FlowTracker
@@ -820,13 +820,15 @@ class Proxy:
         response it will forward: ``None`` when responses of this api key and
         version carry no broker address (:meth:`rewrite_needed`), else ``(api_key,
         api_version, scan)``. ``scan`` is ``(program, body offset in a read with its
-        size prefix, trigger tags)`` when every address sits under a top-level tagged
-        field (KIP-951 ``NodeEndpoints`` of Produce v10+ and Fetch v16+) and the C
-        scan is there (:meth:`Codec.response_tag_scanner
-        <kinspect.codec.Codec.response_tag_scanner>`): a response whose top-level
-        tags include none of those is forwarded as read, scanned in place. Else
-        ``None``: every response goes through :meth:`rewrite_response`. Kept per
-        pair, as in :meth:`rewrite_needed`."""
+        size prefix, trigger tags as a bit mask: 1 << tag)`` when every address sits
+        under a top-level tagged field of a tag under 64 (KIP-951 ``NodeEndpoints``
+        of Produce v10+ and Fetch v16+, tag 0) and the C scan is there
+        (:meth:`Codec.response_tag_scanner
+        <kinspect.codec.Codec.response_tag_scanner>`, and
+        :data:`kinspect.codec.protocol.scan_clear`, which asks it in place): a
+        response whose top-level tags include none of those is forwarded as read.
+        Else ``None``: every response goes through :meth:`rewrite_response`. Kept
+        per pair, as in :meth:`rewrite_needed`."""
         key = (api_key, api_version)
         chk = self._checks.get(key, _UNSET)
         if chk is not _UNSET:
@@ -835,7 +837,7 @@ class Proxy:
         if self.rewrite_needed(api_key, api_version):
             scan = None
             tags = self._triggers(api_key, api_version)
-            if tags is not None and _scan_tags is not None:
+            if tags is not None and _scan_clear is not None and all(t < 64 for t in tags):
                 try:
                     found = self.codec.response_tag_scanner(api_key, api_version)
                 except Exception:  # noqa: BLE001 - a bug; the generic step still checks
@@ -843,7 +845,7 @@ class Proxy:
                                   self.codec.api_name(api_key), api_version)
                     found = None
                 if found is not None:
-                    scan = (found[0], found[1] + 4, tags)
+                    scan = (found[0], found[1] + 4, sum(1 << t for t in tags))
             chk = (api_key, api_version, scan)
         if len(self._checks) < _CACHE_MAX or self._known(api_key, api_version):
             self._checks[key] = chk
@@ -1769,12 +1771,12 @@ class _UpstreamSide(_Slices, asyncio.Protocol):
                 else:
                     scan = api[2]
                     if (scan is not None and n > scan[1] and (scan[1] == 8 or data[8] == 0)
-                            and type(data) is bytes):
+                            and type(data) is bytes
+                            and _scan_clear(scan[0], data, scan[1], n, scan[2])):
                         # KIP-951 tags looked for in place (Proxy.response_check):
                         # the header has no tags, the body scans to the frame's end
-                        got = _scan_tags(scan[0], data, scan[1], n)
-                        if got is not None and got[0] == n and scan[2].isdisjoint(got[1]):
-                            outcome = _SCANNED
+                        # with none of the trigger tags at its top level
+                        outcome = _SCANNED
                     if outcome is None and not paired and api[0] == PRODUCE:
                         # to be decoded, and its request's Acks was not read: the
                         # tracker tells whether it expects this answer (an acks=0
