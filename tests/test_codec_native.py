@@ -811,6 +811,19 @@ def test_scan_clear_answers_what_the_scan_would_with_no_objects():
     assert scan_tags(program, frame, offset, len(frame))[1] == [0]
     assert scan_clear(program, frame, offset, len(frame), 1) is False
     assert scan_clear(program, frame, offset, len(frame), 2) is True
+    # the same tag number inside a partition (CurrentLeader, tag 0 too) is not a
+    # top-level tag: clear
+    topic = spec.struct.field("Responses").struct
+    partition = topic.field("PartitionResponses").struct
+    leader = struct_class(partition.field("CurrentLeader").struct)
+    body = struct_class(spec.struct)(Responses=[struct_class(topic)(
+        Name="t", PartitionResponses=[struct_class(partition)(
+            Index=0, CurrentLeader=leader(LeaderId=2, LeaderEpoch=5))])])
+    frame = c.encode_response(Response(0, 10, 1, 1, None, body, 0, "", 10))
+    back = c.decode_response(frame, 0, 10).body
+    assert back.Responses[0].PartitionResponses[0].CurrentLeader.LeaderId == 2
+    assert scan_tags(program, frame, offset, len(frame))[1] == []
+    assert scan_clear(program, frame, offset, len(frame), 1) is True
     # refused: a window outside the buffer is not clear; wrong arguments raise
     assert scan_clear(program, frame, offset, len(frame) + 1, 0) is False
     assert scan_clear(program, frame, -1, len(frame), 0) is False

@@ -537,8 +537,10 @@ tags_repeat(Ctx *c, Py_ssize_t pos, uint64_t cnt)
     return rep;
 }
 
-/* Advance over one struct as pg reads it, building nothing; with `tags`, append the
- * tag numbers of its tag section. Checks at least what decode_struct checks, except
+/* Advance over one struct as pg reads it, building nothing (but a passing int for a
+ * packedN/upackedN field); with `tags`, append the tag numbers of its tag section, and
+ * with `mask`, set the bit 1 << tag of each of them under 64 (nested structs get
+ * neither: their tags are not the top level's). Checks at least what decode_struct checks, except
  * the contents of strings (UTF-8) and of tagged fields, so whatever decodes scans to
  * the same end. Returns 0, or -1 (an exception set only for a failed allocation). */
 static int
@@ -654,7 +656,8 @@ fail:
     return -1;
 }
 
-/* The arguments (program, buf: bytes, pos, end) of decode() and scan(): 1 and *c set
+/* The arguments (program, buf: bytes, pos, end) of decode(), scan() and scan_clear()
+ * (whose fifth it leaves to the caller): 1 and *c set
  * up, 0 when buf[pos:end] is not within buf (not accepted), -1 with an exception. */
 static int
 walk_args(PyObject *const *args, Py_ssize_t nargs, const char *usage, Program **pg, Ctx *c)
@@ -713,7 +716,9 @@ native_scan(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
  * buf[pos:end] scans to exactly end with no top-level tag t of bit 1 << t in triggers
  * (tags under 64). What the proxy asks of every response whose broker addresses can
  * only sit under some top-level tags, between reading it and forwarding it: it builds
- * nothing, so that the little it touches is all that stands in the way. */
+ * no result (no tuple, no list of tags; only a packedN/upackedN field, which Kafka's
+ * specs do not have, makes a passing int), so that the little it touches is all that
+ * stands in the way. */
 static PyObject *
 native_scan_clear(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {

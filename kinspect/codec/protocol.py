@@ -31,7 +31,9 @@ scan_tags = _native_scan
 #: with :data:`scan_tags`): ``scan_clear(program, buf, pos, end, triggers)`` -> ``True``
 #: when ``buf[pos:end]`` scans to exactly ``end`` and none of its top-level tags ``t``
 #: has its bit ``1 << t`` set in the int ``triggers`` (tags under 64), else ``False``.
-#: It builds nothing: no tuple, no list, no ints.
+#: It builds no result: no tuple, no list of tags (only a field of the proposed
+#: ``packedN``/``upackedN`` encodings, which Kafka's specs do not have, makes a
+#: passing int).
 scan_clear = _native_scan_clear
 
 _UNSET = object()
