@@ -66,6 +66,14 @@ opening ``--idle`` idle connections (each sends one ApiVersions request and
 waits), and before/during ``--busy`` busy connections (each sends 10 KiB Produce
 requests one after the other, built with kinspect.codec). Both on fresh processes.
 
+With ``--baseline DIR`` (a checkout of kinspect, its C extensions built in place:
+``python setup.py build_ext --inplace`` there), every kinspect mode in ``--modes``
+gets a twin, ``<mode>@baseline``, run from that checkout (first on the proxy
+process's ``PYTHONPATH``) and measured in the same runs, turn by turn, as any other
+mode: a change measured side by side with the code before it. A check before the
+run makes sure the twins import kinspect, and its C decoder, from ``DIR``. Two
+checkouts of the same code measure the noise of such a comparison.
+
 Results: medians over rounds, as markdown (stdout; ``--update BENCHMARKS.md``
 replaces the generated block of its Proxy section) and raw JSON (``--json``).
 
@@ -73,6 +81,9 @@ Usage::
 
     python bench/proxy.py --rounds 5
     python bench/proxy.py --rounds 1 --small 5000 --large 500 --latency 200   # quick look
+    git worktree add /tmp/before HEAD~1 && (cd /tmp/before && python setup.py build_ext --inplace)
+    python bench/proxy.py --rounds 0 --modes direct forwarder kinspect-full \
+        --baseline /tmp/before                               # this change vs the one before
 
 Diagnostics, from the environment: ``KINSPECT_BENCH_PROFILE=PATH`` writes a cProfile
 of each proxy process to ``PATH.<mode>``; ``KINSPECT_BENCH_BACKLOG=1`` samples the
@@ -112,6 +123,8 @@ PEERS = ("tansu-proxy", "haproxy")
 ALL_MODES = MODES + KINSPECT_MODES[2:] + PEERS
 #: modes whose latency is compared with the forwarder's
 COMPARED = KINSPECT_MODES + PEERS
+#: suffix of a kinspect mode run from the ``--baseline`` checkout
+TWIN = "@baseline"
 SMALL, LARGE = 100, 10 * 1024
 BLOCK_START = "<!-- bench/proxy.py results: start -->"
 BLOCK_END = "<!-- bench/proxy.py results: end -->"
@@ -195,6 +208,68 @@ def _wait_listening(port: int, proc: subprocess.Popen, timeout: float = 15.0) ->
     return False
 
 
+def base_mode(mode: str) -> str:
+    """The mode a ``--baseline`` twin (``kinspect@baseline``) measures; any other mode
+    itself."""
+    return mode[:-len(TWIN)] if mode.endswith(TWIN) else mode
+
+
+def with_twins(modes: list[str]) -> list[str]:
+    """``modes`` with each kinspect mode followed by its ``--baseline`` twin."""
+    out = []
+    for m in modes:
+        out.append(m)
+        if m in KINSPECT_MODES:
+            out.append(m + TWIN)
+    return out
+
+
+def check_baseline(path: Path) -> str:
+    """Make sure a proxy process run with ``path`` first on ``PYTHONPATH`` imports
+    kinspect from ``path``, with the C extensions this checkout's proxies use (the
+    decoder's, and the one large frames are read into) built there too; returns the
+    ``kinspect/__init__.py`` it imported. Raises ``SystemExit`` with the reason
+    otherwise: a twin that silently ran this checkout, or fell back to Python where
+    this one runs C, would measure nothing."""
+    probe = ("import kinspect, kinspect.codec.native as n, kinspect.proxy.server as s; "
+             "m = n.native_module(); f = s._FrameBuffer; "
+             "print(kinspect.__file__); print(m.__file__ if m else '-'); "
+             "print(__import__('sys').modules[f.__module__].__file__ if f else '-')")
+    found = []
+    for where in (None, path):
+        p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                           env=_baseline_env(where), cwd=tempfile.gettempdir())
+        if p.returncode != 0 or len(p.stdout.split()) != 3:
+            raise SystemExit(f"--baseline {path}: cannot import kinspect "
+                             f"{'from it' if where else 'here'}:\n{p.stderr[-2000:]}")
+        found.append(p.stdout.split())
+    (_, *here), (pkg, *there) = found
+    root = path.resolve()
+    if not Path(pkg).resolve().is_relative_to(root):
+        raise SystemExit(f"--baseline {path}: the proxy imported kinspect from {pkg}, "
+                         f"not from that checkout")
+    for name, mine, theirs in zip(("decoder (_native)", "frame buffer (_frames)"), here, there):
+        if mine != "-" and (theirs == "-" or not Path(theirs).resolve().is_relative_to(root)):
+            raise SystemExit(f"--baseline {path}: its C {name} is not in use there (built "
+                             f"here: {mine}); run `python setup.py build_ext --inplace` "
+                             f"in {path}")
+    return pkg
+
+
+def _baseline_env(path: Path | None) -> dict[str, str]:
+    """The environment of a proxy process: this one's, with ``path`` (a
+    ``--baseline`` checkout) first on ``PYTHONPATH``."""
+    env = dict(os.environ)
+    if path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+#: the ``--baseline`` checkout, once checked (``run_bench``)
+BASELINE: Path | None = None
+
+
 class ProxyProcess:
     """A proxy (forwarder, kinspect or a peer) in its own process; ``None`` mode =
     direct."""
@@ -218,13 +293,18 @@ class ProxyProcess:
             cmd = [sys.executable, str(HERE / "forwarder.py"), "--upstream", upstream,
                    "--listen", f"127.0.0.1:{listen_port}"]
         else:
-            cmd = [sys.executable, str(Path(__file__).resolve()), "serve", "--mode", mode,
+            cmd = [sys.executable, str(Path(__file__).resolve()), "serve",
+                   "--mode", base_mode(mode),
                    "--upstream", upstream, "--listen", f"127.0.0.1:{listen_port}",
                    "--capture", str(workdir / f"bench-{mode}.jsonl")]
             if os.environ.get("KINSPECT_BENCH_PROFILE"):
                 cmd += ["--profile", os.environ["KINSPECT_BENCH_PROFILE"] + f".{mode}"]
+        twin = mode.endswith(TWIN)
+        if twin and BASELINE is None:
+            raise RuntimeError(f"{mode}: no --baseline checkout to run it from")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(self.err_path, "wb"),
-                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, text=True,
+                                     env=_baseline_env(BASELINE if twin else None))
         line = self.proc.stdout.readline()
         if not line.startswith("listening on"):
             self.stop()
@@ -259,7 +339,7 @@ class Setup:
         self.proxy: ProxyProcess | None = None
         listen_port = free_port()
         advertised = (f"127.0.0.1:{listen_port}"
-                      if mode in ("forwarder", "kinspect-norewrite", "haproxy")
+                      if base_mode(mode) in ("forwarder", "kinspect-norewrite", "haproxy")
                       else None)
         self.broker = TansuBroker(advertised=advertised).start()
         try:
@@ -676,7 +756,7 @@ def _interleaved_latency(modes: list[str], n: int, warmup: int, workdir: Path,
         srt = sorted(v)
         out[m] = {"p50": statistics.median(v), "p99": srt[min(len(v) - 1, int(len(v) * 0.99))],
                   "n": len(v)}
-        if fwd is not None and m in COMPARED:
+        if fwd is not None and base_mode(m) in COMPARED:
             out[m]["d_vs_fwd"] = statistics.median(a - b for a, b in zip(v, fwd))
     return out
 
@@ -760,7 +840,15 @@ def _metrics(res: dict[str, Any]) -> dict[str, float]:
 
 
 def run_bench(args: argparse.Namespace) -> dict[str, Any]:
+    global BASELINE
     modes = args.modes
+    baseline = None
+    if args.baseline is not None:
+        baseline = str(Path(check_baseline(args.baseline)).parent.parent)
+        BASELINE = args.baseline
+        modes = args.modes = with_twins(modes)
+        if not any(m.endswith(TWIN) for m in modes):
+            raise SystemExit("--baseline: no kinspect mode in --modes to run from it")
     load_before = os.getloadavg()
     run_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     raw: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
@@ -811,7 +899,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     return {"raw": raw, "proxy_stats": stats, "memory": memory, "interleaved": interleaved,
             "bursts": bursts, "args": vars(args),
             "loadavg": [load_before, os.getloadavg()], "run_at": run_at,
-            "cpu_count": os.cpu_count()}
+            "cpu_count": os.cpu_count(), "baseline": baseline}
 
 
 def _median_metrics(runs: list[dict[str, Any]]) -> dict[str, float]:
@@ -847,16 +935,20 @@ def report(data: dict[str, Any]) -> str:
                  f"produce {args['small']} × 100 B and {args['large']} × 10 KiB, "
                  f"latency loop {args['latency']} (+{args['warmup']} warm-up)."
                  + (" Load average (1 min) before/after: %.1f / %.1f." %
-                    (data["loadavg"][0][0], data["loadavg"][1][0]) if data.get("loadavg") else ""))
-    lines.append("")
-    lines.append("| mode | produce 100 B msgs/s | produce 10 KiB MB/s | consume 100 B msgs/s | "
-                 "consume 10 KiB MB/s | latency p50 µs (Δ vs forwarder, median of rounds) | "
-                 "latency p99 µs | proxy CPU s |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+                    (data["loadavg"][0][0], data["loadavg"][1][0]) if data.get("loadavg") else "")
+                 + (f" Modes `…{TWIN}`: the same mode run from another checkout "
+                    f"(`--baseline`, the checkout `{data['baseline']}`)."
+                    if data.get("baseline") else ""))
+    if modes:  # (no rounds: no table)
+        lines.append("")
+        lines.append("| mode | produce 100 B msgs/s | produce 10 KiB MB/s | consume 100 B msgs/s | "
+                     "consume 10 KiB MB/s | latency p50 µs (Δ vs forwarder, median of rounds) | "
+                     "latency p99 µs | proxy CPU s |")
+        lines.append("|---|---|---|---|---|---|---|---|")
     for m in modes:
         r = med[m]
         p50 = f"{r['lat_p50']:.0f}"
-        if fwd is not None and m in COMPARED:
+        if fwd is not None and base_mode(m) in COMPARED:
             # median of the per-round differences (each round runs every mode)
             diffs = [a["latency_us"]["p50"] - b["latency_us"]["p50"]
                      for a, b in zip(data["raw"][m], data["raw"]["forwarder"])]
@@ -1024,6 +1116,10 @@ def main(argv: list[str] | None = None) -> int:
                          "(bursts + 1) × burst × 10 KiB per run, with the warm-up turn)")
     ap.add_argument("--burst-runs", type=int, default=5,
                     help="runs of the interleaved bursts, each on fresh processes")
+    ap.add_argument("--baseline", type=Path, metavar="DIR",
+                    help="a checkout of kinspect (C extensions built in place) to measure "
+                         "beside this one: each kinspect mode gets a twin <mode>@baseline "
+                         "run from it")
     ap.add_argument("--idle", type=int, default=500, help="idle connections for memory")
     ap.add_argument("--busy", type=int, default=50, help="busy connections for memory")
     ap.add_argument("--busy-seconds", type=float, default=3.0)
