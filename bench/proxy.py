@@ -68,11 +68,18 @@ requests one after the other, built with kinspect.codec). Both on fresh processe
 
 With ``--baseline DIR`` (a checkout of kinspect, its C extensions built in place:
 ``python setup.py build_ext --inplace`` there), every kinspect mode in ``--modes``
-gets a twin, ``<mode>@baseline``, run from that checkout (first on the proxy
-process's ``PYTHONPATH``) and measured in the same runs, turn by turn, as any other
-mode: a change measured side by side with the code before it. A check before the
-run makes sure the twins import kinspect, and its C decoder, from ``DIR``. Two
-checkouts of the same code measure the noise of such a comparison.
+gets a twin, ``<mode>@baseline``, whose proxy process imports kinspect from that
+checkout (``bench/proxy.py serve`` of this checkout, with ``DIR`` where it would put
+this checkout on ``sys.path``, and first on ``PYTHONPATH`` for the capture's child),
+measured in the same runs, turn by turn, as any other mode: a change measured side
+by side with the code before it. Every kinspect proxy process says what it
+imported as it starts (the package and its C extensions), and the run stops if a
+twin's are not ``DIR``'s, or another mode's not this checkout's; a check before
+the run also stops it if ``DIR`` lacks a C extension this checkout uses, or has one
+older than its source. On odd runs each twin is set up before its mode, on even
+runs after. The report adds, run by run, each mode's difference from its twin. Two
+checkouts of the same code measure the noise of such a comparison. (The serving
+code is this checkout's, so a baseline must have the kinspect API it calls.)
 
 Results: medians over rounds, as markdown (stdout; ``--update BENCHMARKS.md``
 replaces the generated block of its Proxy section) and raw JSON (``--json``).
@@ -113,7 +120,10 @@ from typing import Any, Callable, Iterator
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
+#: the checkout whose kinspect this process imports: this one, or in the proxy
+#: process of a ``--baseline`` twin the baseline checkout (set by ``_baseline_env``)
+CHECKOUT = Path(os.environ.get("KINSPECT_BENCH_CHECKOUT") or ROOT)
+sys.path.insert(0, str(CHECKOUT))
 
 MODES = ("direct", "forwarder", "kinspect", "kinspect-full")
 KINSPECT_MODES = ("kinspect", "kinspect-full", "kinspect-nodecode", "kinspect-norewrite",
@@ -224,43 +234,91 @@ def with_twins(modes: list[str]) -> list[str]:
     return out
 
 
-def check_baseline(path: Path) -> str:
-    """Make sure a proxy process run with ``path`` first on ``PYTHONPATH`` imports
-    kinspect from ``path``, with the C extensions this checkout's proxies use (the
-    decoder's, and the one large frames are read into) built there too; returns the
-    ``kinspect/__init__.py`` it imported. Raises ``SystemExit`` with the reason
-    otherwise: a twin that silently ran this checkout, or fell back to Python where
-    this one runs C, would measure nothing."""
-    probe = ("import kinspect, kinspect.codec.native as n, kinspect.proxy.server as s; "
-             "m = n.native_module(); f = s._FrameBuffer; "
-             "print(kinspect.__file__); print(m.__file__ if m else '-'); "
-             "print(__import__('sys').modules[f.__module__].__file__ if f else '-')")
+def run_order(modes: list[str], run: int) -> list[str]:
+    """The order in which run ``run`` (a round, or an interleaved run) sets the modes
+    up: ``modes`` rotated by ``run``, and on odd runs each ``--baseline`` twin before
+    the mode it measures, so that neither of the two always comes second."""
+    modes = list(modes)
+    if run % 2:
+        for i, m in enumerate(modes):
+            if m.endswith(TWIN) and i and modes[i - 1] == base_mode(m):
+                modes[i - 1], modes[i] = m, modes[i - 1]
+    k = run % len(modes) if modes else 0
+    return modes[k:] + modes[:k]
+
+
+#: the C extensions whose use ``imported`` reports: (name, source file)
+EXTENSIONS = (("decoder (kinspect.codec._native)", "kinspect/codec/_native.c"),
+              ("frame buffer (kinspect.proxy._frames)", "kinspect/proxy/_frames.c"))
+
+
+def imported() -> list[str]:
+    """What this process imports of kinspect: the file of the package, then of each
+    C extension of :data:`EXTENSIONS` in use (``"-"``: not in use, e.g. not built,
+    or built from another version of the decoder's source)."""
+    import kinspect
+    import kinspect.proxy.server as server
+    from kinspect.codec.native import native_module
+
+    native = native_module()
+    frames = getattr(server, "_FrameBuffer", None)  # (older versions have none)
+    return [kinspect.__file__, native.__file__ if native is not None else "-",
+            sys.modules[frames.__module__].__file__ if frames is not None else "-"]
+
+
+def imported_from(files: list[str], checkout: Path) -> str | None:
+    """Why ``files`` (:func:`imported`) are not all ``checkout``'s, or ``None``."""
+    if Path(files[0]).resolve() != checkout / "kinspect" / "__init__.py":
+        return f"kinspect imported from {files[0]}, not from {checkout}"
+    for (name, source), f in zip(EXTENSIONS, files[1:]):
+        if f == "-":
+            continue
+        if not Path(f).resolve().is_relative_to(checkout):
+            return f"the C {name} loaded from {f}, not from {checkout}"
+        # (a build copied in place keeps whole seconds of its time: a second's slack)
+        if (checkout / source).stat().st_mtime > Path(f).stat().st_mtime + 1:
+            return (f"the C {name} in {checkout} is older than its source: rebuild it "
+                    f"(`python setup.py build_ext --inplace` there)")
+    return None
+
+
+def check_baseline(path: Path) -> None:
+    """Make sure a proxy process started as a ``--baseline`` twin's is (the way
+    :class:`ProxyProcess` starts it) imports kinspect from ``path``, and each C
+    extension this checkout's proxies use, built from ``path``'s sources. Raises
+    ``SystemExit`` with the reason otherwise: a twin that ran this checkout, or
+    Python where this checkout runs C, would measure nothing. (Every proxy process
+    says what it imported as it starts, and :class:`ProxyProcess` checks that too.)"""
     found = []
     for where in (None, path):
-        p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                           env=_baseline_env(where), cwd=tempfile.gettempdir())
-        if p.returncode != 0 or len(p.stdout.split()) != 3:
+        p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "imported"],
+                           capture_output=True, text=True, env=_baseline_env(where),
+                           cwd=tempfile.gettempdir())
+        if p.returncode != 0:
             raise SystemExit(f"--baseline {path}: cannot import kinspect "
                              f"{'from it' if where else 'here'}:\n{p.stderr[-2000:]}")
-        found.append(p.stdout.split())
-    (_, *here), (pkg, *there) = found
-    root = path.resolve()
-    if not Path(pkg).resolve().is_relative_to(root):
-        raise SystemExit(f"--baseline {path}: the proxy imported kinspect from {pkg}, "
-                         f"not from that checkout")
-    for name, mine, theirs in zip(("decoder (_native)", "frame buffer (_frames)"), here, there):
-        if mine != "-" and (theirs == "-" or not Path(theirs).resolve().is_relative_to(root)):
-            raise SystemExit(f"--baseline {path}: its C {name} is not in use there (built "
-                             f"here: {mine}); run `python setup.py build_ext --inplace` "
-                             f"in {path}")
-    return pkg
+        found.append(json.loads(p.stdout))
+    here, there = found
+    problem = imported_from(there, path)
+    if problem is None:
+        for (name, _), mine, theirs in zip(EXTENSIONS, here[1:], there[1:]):
+            if mine != "-" and theirs == "-":
+                problem = (f"its C {name} is not in use (not built, or built from "
+                           f"another version): `python setup.py build_ext --inplace` there")
+                break
+    if problem is not None:
+        raise SystemExit(f"--baseline {path}: {problem}")
 
 
 def _baseline_env(path: Path | None) -> dict[str, str]:
-    """The environment of a proxy process: this one's, with ``path`` (a
-    ``--baseline`` checkout) first on ``PYTHONPATH``."""
+    """The environment of a proxy process: this one's, or for a twin with ``path`` (a
+    ``--baseline`` checkout) as the checkout ``bench/proxy.py`` imports kinspect from
+    (``KINSPECT_BENCH_CHECKOUT``) and first on ``PYTHONPATH`` (for the capture's child
+    process)."""
     env = dict(os.environ)
+    env.pop("KINSPECT_BENCH_CHECKOUT", None)
     if path is not None:
+        env["KINSPECT_BENCH_CHECKOUT"] = str(path)
         env["PYTHONPATH"] = os.pathsep.join(
             [str(path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
@@ -306,6 +364,14 @@ class ProxyProcess:
                                      stdin=subprocess.DEVNULL, start_new_session=True, text=True,
                                      env=_baseline_env(BASELINE if twin else None))
         line = self.proc.stdout.readline()
+        if mode != "forwarder" and line.startswith("imported "):
+            # kinspect says first what it imported: this checkout's, or a twin's DIR's
+            problem = imported_from(json.loads(line[len("imported "):]),
+                                    BASELINE if twin else ROOT)
+            if problem is not None:
+                self.stop()
+                raise RuntimeError(f"{mode}: {problem}")
+            line = self.proc.stdout.readline()
         if not line.startswith("listening on"):
             self.stop()
             raise RuntimeError(f"{mode} proxy did not start: {line!r}\n"
@@ -363,7 +429,9 @@ class Setup:
 # ---------------------------------------------------------------------------
 
 def serve(args: argparse.Namespace) -> int:
-    """Run kinspect in this process until SIGTERM; print stats as JSON on exit."""
+    """Run kinspect in this process until SIGTERM: say what it imported
+    (:func:`imported`), then ``listening on HOST:PORT``; print stats as JSON on exit."""
+    print("imported " + json.dumps(imported()), flush=True)
     from kinspect.codec import Codec
     from kinspect.proxy.pipeline import Pipeline
     from kinspect.proxy.server import Proxy, ProxyConfig, install_uvloop, parse_hostport
@@ -844,11 +912,12 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     modes = args.modes
     baseline = None
     if args.baseline is not None:
-        baseline = str(Path(check_baseline(args.baseline)).parent.parent)
-        BASELINE = args.baseline
         modes = args.modes = with_twins(modes)
         if not any(m.endswith(TWIN) for m in modes):
             raise SystemExit("--baseline: no kinspect mode in --modes to run from it")
+        check_baseline(args.baseline)
+        BASELINE = args.baseline
+        baseline = str(args.baseline)
     load_before = os.getloadavg()
     run_at = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     raw: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
@@ -856,7 +925,7 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="kinspect-bench-") as tmp:
         workdir = Path(tmp)
         for rnd in range(args.rounds):
-            order = modes[rnd % len(modes):] + modes[:rnd % len(modes)]  # rotate
+            order = run_order(modes, rnd)  # rotated
             for mode in order:
                 s = Setup(mode, workdir)
                 try:
@@ -877,14 +946,14 @@ def run_bench(args: argparse.Namespace) -> dict[str, Any]:
                       f"p99 {m['lat_p99']:.0f} µs", file=sys.stderr, flush=True)
         interleaved = []
         for run in range(args.interleaved_runs if args.interleaved else 0):
-            order = modes[run % len(modes):] + modes[:run % len(modes)]
+            order = run_order(modes, run)
             one = _interleaved_latency(order, args.interleaved, args.warmup, workdir, run)
             interleaved.append({m: one[m] for m in modes})
             print(f"interleaved latency, run {run + 1}/{args.interleaved_runs}: {one}",
                   file=sys.stderr, flush=True)
         bursts = []
         for run in range(args.burst_runs if args.bursts else 0):
-            order = modes[run % len(modes):] + modes[:run % len(modes)]
+            order = run_order(modes, run)
             one = _interleaved_throughput(order, args.bursts, args.burst, workdir, run)
             bursts.append({m: one[m] for m in modes})
             print(f"interleaved throughput, run {run + 1}/{args.burst_runs}: {one}",
@@ -1013,6 +1082,8 @@ def report(data: dict[str, Any]) -> str:
                  if ds else "-")
             lines.append(f"| {m} | {statistics.median(r['p50'] for r in rs):.0f} | "
                          f"{statistics.median(r['p99'] for r in rs):.0f} | {d} |")
+        _twin_lines(lines, runs, "d_vs_fwd", "Each mode's difference from the forwarder minus "
+                    "its twin's, run by run (µs)", "{:+.0f}")
     if data.get("bursts"):
         runs = data["bursts"]
         burst_mb = args["burst"] * LARGE / 1e6
@@ -1037,6 +1108,8 @@ def report(data: dict[str, Any]) -> str:
             cpu = f"{statistics.median(cpus) / burst_mb * 1000:.2f}" if cpus else "-"
             lines.append(f"| {m} | {statistics.median(r['mb_s'] for r in rs):.1f} | {ratio} | "
                          f"{cpu} |")
+        _twin_lines(lines, runs, "ratio", "Each mode's ratio to direct minus its twin's, run "
+                    "by run", "{:+.3f}")
     if data.get("memory"):
         lines.append("")
         lines.append(f"| mode | RSS at start MiB | KiB per idle connection ({args['idle']}) | "
@@ -1062,6 +1135,26 @@ def report(data: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _twin_lines(lines: list[str], runs: list[dict[str, Any]], key: str, caption: str,
+                fmt: str) -> None:
+    """Append, for each mode with a ``--baseline`` twin in ``runs``, its ``key``
+    minus the twin's run by run, and their median."""
+    out = []
+    for m in runs[0]:
+        twin = m + TWIN
+        ds = [r[m][key] - r[twin][key] for r in runs
+              if key in r.get(m, {}) and key in r.get(twin, {})]
+        if ds:
+            def show(d: float) -> str:
+                text = fmt.format(d)
+                return fmt.format(0.0) if float(text) == 0 else text  # (no "-0")
+
+            out.append(f"{m}: " + ", ".join(show(d) for d in ds)
+                       + f" (median {show(statistics.median(ds))})")
+    if out:
+        lines += ["", caption + ": " + "; ".join(out) + "."]
+
+
 def update_file(path: Path, block: str) -> None:
     text = path.read_text() if path.exists() else ""
     body = f"{BLOCK_START}\n{block}\n{BLOCK_END}"
@@ -1084,6 +1177,14 @@ def _at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _checkout(text: str) -> Path:
+    """An argparse type: a directory, resolved (the proxies run elsewhere)."""
+    path = Path(text).resolve()
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is not a directory")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="kinspect proxy benchmark")
     sub = ap.add_subparsers(dest="cmd")
@@ -1093,6 +1194,7 @@ def main(argv: list[str] | None = None) -> int:
     sv.add_argument("--listen", required=True)
     sv.add_argument("--capture", required=True)
     sv.add_argument("--profile", help="write a cProfile of the proxy process here")
+    sub.add_parser("imported", help="(internal) say what kinspect this process imports")
     cl = sub.add_parser("client", help="(internal) the confluent-kafka workload")
     cl.add_argument("--bootstrap", required=True)
     cl.add_argument("--topic-suffix", default=None)
@@ -1116,7 +1218,7 @@ def main(argv: list[str] | None = None) -> int:
                          "(bursts + 1) × burst × 10 KiB per run, with the warm-up turn)")
     ap.add_argument("--burst-runs", type=int, default=5,
                     help="runs of the interleaved bursts, each on fresh processes")
-    ap.add_argument("--baseline", type=Path, metavar="DIR",
+    ap.add_argument("--baseline", type=_checkout, metavar="DIR",
                     help="a checkout of kinspect (C extensions built in place) to measure "
                          "beside this one: each kinspect mode gets a twin <mode>@baseline "
                          "run from it")
@@ -1131,6 +1233,9 @@ def main(argv: list[str] | None = None) -> int:
         return serve(args)
     if args.cmd == "client":
         return client(args)
+    if args.cmd == "imported":
+        print(json.dumps(imported()))
+        return 0
     if args.from_json:
         data = json.loads(args.from_json.read_text())
     else:
