@@ -69,17 +69,22 @@ requests one after the other, built with kinspect.codec). Both on fresh processe
 With ``--baseline DIR`` (a checkout of kinspect, its C extensions built in place:
 ``python setup.py build_ext --inplace`` there), every kinspect mode in ``--modes``
 gets a twin, ``<mode>@baseline``, whose proxy process imports kinspect from that
-checkout (``bench/proxy.py serve`` of this checkout, with ``DIR`` where it would put
-this checkout on ``sys.path``, and first on ``PYTHONPATH`` for the capture's child),
-measured in the same runs, turn by turn, as any other mode: a change measured side
-by side with the code before it. Every kinspect proxy process says what it
-imported as it starts (the package and its C extensions), and the run stops if a
-twin's are not ``DIR``'s, or another mode's not this checkout's; a check before
-the run also stops it if ``DIR`` lacks a C extension this checkout uses, or has one
-older than its source. On odd runs each twin is set up before its mode, on even
-runs after. The report adds, run by run, each mode's difference from its twin. Two
-checkouts of the same code measure the noise of such a comparison. (The serving
-code is this checkout's, so a baseline must have the kinspect API it calls.)
+checkout: ``bench/proxy.py serve`` of this checkout with ``DIR`` where it would put
+this checkout on ``sys.path`` (``KINSPECT_BENCH_CHECKOUT``), ``DIR`` first on
+``PYTHONPATH`` for the capture's child process, and every proxy process in the
+run's temporary directory (a child started with ``python -m`` puts its working
+directory first). The twins are measured in the same runs, turn by turn, as any
+other mode: a change measured side by side with the code before it. Every kinspect
+proxy process says what it imported as it starts (the package and its C
+extensions), and the run stops if a twin's are not ``DIR``'s, or another mode's not
+this checkout's, or an extension in use is older than its source (rebuild it); a
+check before the run also stops it if ``DIR`` lacks a C extension this checkout
+uses (unless ``DIR`` predates its source). Each run sets the modes up in an order
+rotated by one from the run before, with each twin first on odd runs and its mode
+first on even runs. The report adds, run by run, each mode's difference from its
+twin. Two checkouts of the same code measure the noise of such a comparison. (The
+serving code is this checkout's, so a baseline must have the kinspect API it
+calls.)
 
 Results: medians over rounds, as markdown (stdout; ``--update BENCHMARKS.md``
 replaces the generated block of its Proxy section) and raw JSON (``--json``).
@@ -121,7 +126,7 @@ from typing import Any, Callable, Iterator
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 #: the checkout whose kinspect this process imports: this one, or in the proxy
-#: process of a ``--baseline`` twin the baseline checkout (set by ``_baseline_env``)
+#: process of a ``--baseline`` twin the baseline checkout (set by ``_proxy_env``)
 CHECKOUT = Path(os.environ.get("KINSPECT_BENCH_CHECKOUT") or ROOT)
 sys.path.insert(0, str(CHECKOUT))
 
@@ -236,15 +241,17 @@ def with_twins(modes: list[str]) -> list[str]:
 
 def run_order(modes: list[str], run: int) -> list[str]:
     """The order in which run ``run`` (a round, or an interleaved run) sets the modes
-    up: ``modes`` rotated by ``run``, and on odd runs each ``--baseline`` twin before
-    the mode it measures, so that neither of the two always comes second."""
-    modes = list(modes)
-    if run % 2:
-        for i, m in enumerate(modes):
-            if m.endswith(TWIN) and i and modes[i - 1] == base_mode(m):
-                modes[i - 1], modes[i] = m, modes[i - 1]
+    up: ``modes`` rotated by ``run``, then each ``--baseline`` twin and the mode it
+    measures in each other's places if need be, so that on odd runs the twin comes
+    first and on even runs the mode: neither of the two always comes second."""
     k = run % len(modes) if modes else 0
-    return modes[k:] + modes[:k]
+    order = modes[k:] + modes[:k]
+    for t, m in enumerate(order):
+        if m.endswith(TWIN) and base_mode(m) in order:
+            i = order.index(base_mode(m))
+            if (t < i) != bool(run % 2):
+                order[i], order[t] = order[t], order[i]
+    return order
 
 
 #: the C extensions whose use ``imported`` reports: (name, source file)
@@ -273,10 +280,11 @@ def imported_from(files: list[str], checkout: Path) -> str | None:
     for (name, source), f in zip(EXTENSIONS, files[1:]):
         if f == "-":
             continue
-        if not Path(f).resolve().is_relative_to(checkout):
-            return f"the C {name} loaded from {f}, not from {checkout}"
+        src = checkout / source
+        if Path(f).resolve().parent != src.parent:
+            return f"the C {name} loaded from {f}, not from {src.parent}"
         # (a build copied in place keeps whole seconds of its time: a second's slack)
-        if (checkout / source).stat().st_mtime > Path(f).stat().st_mtime + 1:
+        if src.exists() and src.stat().st_mtime > Path(f).stat().st_mtime + 1:
             return (f"the C {name} in {checkout} is older than its source: rebuild it "
                     f"(`python setup.py build_ext --inplace` there)")
     return None
@@ -290,19 +298,24 @@ def check_baseline(path: Path) -> None:
     Python where this checkout runs C, would measure nothing. (Every proxy process
     says what it imported as it starts, and :class:`ProxyProcess` checks that too.)"""
     found = []
-    for where in (None, path):
+    for checkout in (ROOT, path):
         p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "imported"],
-                           capture_output=True, text=True, env=_baseline_env(where),
+                           capture_output=True, text=True, env=_proxy_env(checkout),
                            cwd=tempfile.gettempdir())
-        if p.returncode != 0:
-            raise SystemExit(f"--baseline {path}: cannot import kinspect "
-                             f"{'from it' if where else 'here'}:\n{p.stderr[-2000:]}")
-        found.append(json.loads(p.stdout))
+        try:
+            found.append(json.loads(p.stdout))
+        except ValueError:
+            raise SystemExit(f"--baseline {path}: cannot import kinspect from {checkout}:"
+                             f"\n{p.stderr[-2000:]}") from None
     here, there = found
+    problem = imported_from(here, ROOT)
+    if problem is not None:
+        raise SystemExit(f"--baseline {path}: this checkout: {problem}")
     problem = imported_from(there, path)
     if problem is None:
-        for (name, _), mine, theirs in zip(EXTENSIONS, here[1:], there[1:]):
-            if mine != "-" and theirs == "-":
+        for (name, source), mine, theirs in zip(EXTENSIONS, here[1:], there[1:]):
+            # (a checkout from before an extension existed runs without it)
+            if mine != "-" and theirs == "-" and (path / source).exists():
                 problem = (f"its C {name} is not in use (not built, or built from "
                            f"another version): `python setup.py build_ext --inplace` there")
                 break
@@ -310,17 +323,16 @@ def check_baseline(path: Path) -> None:
         raise SystemExit(f"--baseline {path}: {problem}")
 
 
-def _baseline_env(path: Path | None) -> dict[str, str]:
-    """The environment of a proxy process: this one's, or for a twin with ``path`` (a
-    ``--baseline`` checkout) as the checkout ``bench/proxy.py`` imports kinspect from
-    (``KINSPECT_BENCH_CHECKOUT``) and first on ``PYTHONPATH`` (for the capture's child
-    process)."""
+def _proxy_env(checkout: Path) -> dict[str, str]:
+    """The environment of a kinspect proxy process: this one's, with ``checkout``
+    (this one, or a twin's ``--baseline``) as the checkout ``bench/proxy.py`` imports
+    kinspect from (``KINSPECT_BENCH_CHECKOUT``) and first on ``PYTHONPATH``, for the
+    capture's child process (``python -m kinspect.capture_process``, which also puts
+    its working directory first: proxies run in the bench's temporary one)."""
     env = dict(os.environ)
-    env.pop("KINSPECT_BENCH_CHECKOUT", None)
-    if path is not None:
-        env["KINSPECT_BENCH_CHECKOUT"] = str(path)
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(path)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["KINSPECT_BENCH_CHECKOUT"] = str(checkout)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(checkout)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env
 
 
@@ -356,18 +368,24 @@ class ProxyProcess:
                    "--upstream", upstream, "--listen", f"127.0.0.1:{listen_port}",
                    "--capture", str(workdir / f"bench-{mode}.jsonl")]
             if os.environ.get("KINSPECT_BENCH_PROFILE"):
-                cmd += ["--profile", os.environ["KINSPECT_BENCH_PROFILE"] + f".{mode}"]
+                cmd += ["--profile", str(Path(os.environ["KINSPECT_BENCH_PROFILE"]).resolve())
+                        + f".{mode}"]
         twin = mode.endswith(TWIN)
         if twin and BASELINE is None:
             raise RuntimeError(f"{mode}: no --baseline checkout to run it from")
+        checkout = BASELINE if twin else ROOT
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(self.err_path, "wb"),
                                      stdin=subprocess.DEVNULL, start_new_session=True, text=True,
-                                     env=_baseline_env(BASELINE if twin else None))
+                                     cwd=workdir,
+                                     env=None if mode == "forwarder" else _proxy_env(checkout))
         line = self.proc.stdout.readline()
-        if mode != "forwarder" and line.startswith("imported "):
+        if mode != "forwarder" and line:
             # kinspect says first what it imported: this checkout's, or a twin's DIR's
-            problem = imported_from(json.loads(line[len("imported "):]),
-                                    BASELINE if twin else ROOT)
+            try:
+                problem = (imported_from(json.loads(line[len("imported "):]), checkout)
+                           if line.startswith("imported ") else f"said {line!r} first")
+            except (ValueError, OSError) as e:
+                problem = f"cannot check what it imported ({line!r}): {e}"
             if problem is not None:
                 self.stop()
                 raise RuntimeError(f"{mode}: {problem}")
