@@ -291,9 +291,10 @@ def imported_from(files: list[str], checkout: Path) -> str | None:
 
 
 def check_baseline(path: Path) -> None:
-    """Make sure a proxy process started as a ``--baseline`` twin's is (the way
-    :class:`ProxyProcess` starts it) imports kinspect from ``path``, and each C
-    extension this checkout's proxies use, built from ``path``'s sources. Raises
+    """Make sure that a proxy process started the way :class:`ProxyProcess` starts a
+    ``--baseline`` twin imports kinspect from ``path``, with each C extension this
+    checkout's proxies use built from ``path``'s sources (unless ``path`` predates
+    one), and that one started as this checkout's imports this checkout. Raises
     ``SystemExit`` with the reason otherwise: a twin that ran this checkout, or
     Python where this checkout runs C, would measure nothing. (Every proxy process
     says what it imported as it starts, and :class:`ProxyProcess` checks that too.)"""
