@@ -101,6 +101,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from orjson import loads as _orjson_loads
+
 from . import __version__
 from .codec import DEFAULT_MAX_FRAME, Codec, DecodeError, KinspectError
 from .codec.errors import EncodeError
@@ -977,12 +979,21 @@ def _read_one(path: Path, max_line_bytes: int | None = None
 
 def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
     try:
-        rec = json.loads(raw)
-    except ValueError as e:
-        raise CaptureError(f"not a JSON line ({e})", path, lineno) from None
-    except RecursionError:  # e.g. [[[[...: valid JSON, but no capture line
-        raise CaptureError("not a JSON line (values nested too deeply)", path,
-                           lineno) from None
+        rec = _orjson_loads(raw)  # a quarter of json's time a line
+    except ValueError:
+        rec = None
+    if type(rec) is not dict or float in map(type, rec.values()):
+        # what orjson refuses (NaN, a lone surrogate, UTF-16...), reads as no object,
+        # or may have read otherwise (it makes an integer past 64 bits a float;
+        # capture lines hold no floats) goes to json, whose result or error stands:
+        # a line reads as json reads it
+        try:
+            rec = json.loads(raw)
+        except ValueError as e:
+            raise CaptureError(f"not a JSON line ({e})", path, lineno) from None
+        except RecursionError:  # e.g. [[[[...: valid JSON, but no capture line
+            raise CaptureError("not a JSON line (values nested too deeply)", path,
+                               lineno) from None
     if not isinstance(rec, dict):
         raise CaptureError("a line is not a JSON object", path, lineno)
     if not last:

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import gzip
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -269,6 +270,44 @@ def test_a_file_whose_only_line_is_not_a_json_object_is_no_capture(tmp_path, tex
         list(read_capture(path))
     with pytest.raises(CaptureError, match="not a kinspect capture"):
         load_capture(path, CODEC)
+
+
+def test_lines_read_as_json_reads_them(tmp_path):
+    """Lines are parsed by orjson, and what orjson refuses or reads otherwise (NaN,
+    a lone surrogate, an integer past 64 bits, which it makes a float) by json: such
+    a line loads as json reads it, and a checked key holding such a value is the
+    error json's reading makes it."""
+    path = tmp_path / "cap.jsonl"
+    write_flows(path, metadata_flows(2))
+    lines = path.read_bytes().splitlines(keepends=True)
+    big = (1 << 70) + 1  # (no float is this integer)
+
+    def edited(i: int, extra: bytes) -> Path:
+        out = tmp_path / f"edited-{len(list(tmp_path.iterdir()))}.jsonl"
+        line = lines[i].rstrip(b"\n")
+        assert line.endswith(b"}")
+        out.write_bytes(b"".join(lines[:i]) + line[:-1] + b"," + extra + b"}\n"
+                        + b"".join(lines[i + 1:]))
+        return out
+
+    # keys no reader checks: the values json gives
+    recs = list(read_capture(edited(1, b'"note": %d, "ratio": NaN, "who": "\\ud800"' % big)))
+    assert type(recs[1]["note"]) is int and recs[1]["note"] == big
+    assert math.isnan(recs[1]["ratio"])
+    assert recs[1]["who"] == "\ud800"
+    cap = load_capture(edited(1, b'"note": %d' % big), CODEC)
+    assert [f.id for f in cap.flows] == [1, 2] and cap.flows[0].response is not None
+    # a checked key: json's reading, then the check
+    with pytest.raises(CaptureError, match=f"'ts_ns' must be a 64-bit integer, got {big}") as ei:
+        list(read_capture(edited(2, b'"ts_ns": %d' % big)))
+    assert ei.value.line == 3
+    with pytest.raises(CaptureError, match="'conn' must be an integer, got NaN"):
+        list(read_capture(edited(2, b'"conn": NaN')))
+    # a line that is JSON's null is no object, whichever parser reads it
+    path.write_bytes(b"".join(lines[:2]) + b"null\n" + b"".join(lines[2:]))
+    with pytest.raises(CaptureError, match="not a JSON object") as ei:
+        list(read_capture(path))
+    assert ei.value.line == 3
 
 
 def test_a_deeply_nested_line_is_a_capture_error(tmp_path, capsys):
