@@ -4,7 +4,8 @@ before the first row, side by side with another checkout.
 Usage::
 
     python bench/captures.py                                # example.jsonl, 2000x, 5 rounds
-    git worktree add /tmp/before HEAD~1
+    git worktree add /tmp/before <the commit before the change>
+    (cd /tmp/before && python setup.py build_ext --inplace)
     python bench/captures.py --baseline /tmp/before --rounds 7
 
 Method (see BENCHMARKS.md, section "Reading captures"):
@@ -15,16 +16,20 @@ Method (see BENCHMARKS.md, section "Reading captures"):
 * each measurement is a fresh Python process that imports kinspect from one
   checkout (this one, or ``--baseline DIR``: first on its ``PYTHONPATH``, run in a
   temporary directory so that nothing else comes first; it says which kinspect
-  it imported, and the run stops on the wrong one, or on a checkout whose
-  decoder's C extension is not built) and times one step on the
+  it imported, and the run stops on the wrong one, or when the decoder does
+  not use its C extension there) and times one step on the
   file: ``read`` (:func:`kinspect.capture.read_capture`: the checked records),
   ``load`` (:func:`kinspect.capture.load_capture` without decoding: the flows
   paired, what ``show`` does first) and ``decode`` (``load``, then every flow
   decoded with the codec and let go, as ``show --browse`` does before it opens);
 * CPU seconds of the process (``time.process_time``) and wall seconds, around the
-  step only (imports and the codec's set-up excluded); the checkouts and steps
-  take turns round by round, in an order rotated each round; the result is the
-  median over the rounds, and each step's ratio this checkout / baseline.
+  step only (imports and loading the specs excluded; the decoders of the message
+  versions met are compiled, or read from the code cache, on first use, within
+  ``decode``, some 40 ms); the checkouts and steps take turns round by round, in an
+  order rotated each round; the result is the median over the rounds, and the
+  median over the rounds of each step's ratio this checkout / baseline (CPU),
+  with the lowest and highest. Both checkouts must read the same number of
+  records or flows.
 """
 
 from __future__ import annotations
@@ -50,9 +55,10 @@ import json, sys, time
 import kinspect
 from kinspect.capture import load_capture, read_capture
 from kinspect.codec import Codec
+from kinspect.codec import compiler
+from kinspect.proxy.pipeline import decode_flow
 step, path = sys.argv[1], sys.argv[2]
 codec = Codec()
-codec.decode_request  # (the codec's set-up is not what is measured)
 cpu, wall = time.process_time(), time.perf_counter()
 if step == "read":
     n = sum(1 for _ in read_capture(path))
@@ -60,16 +66,11 @@ else:
     cap = load_capture(path, codec, decode=False)
     n = len(cap.flows)
     if step == "decode":
-        from kinspect.proxy.pipeline import decode_flow
         for f in cap.flows:
             decode_flow(codec, f)
             f.request_decoded = f.response_decoded = None
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-try:
-    import kinspect.codec._native
-    native = True
-except ImportError:
-    native = False
+native = compiler._native is not None  # (the C fast path in use)
 print(json.dumps({"kinspect": kinspect.__file__, "native": native, "cpu": cpu,
                   "wall": wall, "n": n}))
 """
@@ -90,8 +91,9 @@ def measure(checkout: Path, step: str, capture: Path, workdir: Path) -> dict:
     if Path(out["kinspect"]).resolve() != want.resolve():
         raise RuntimeError(f"{step}: imported {out['kinspect']}, not {want}")
     if not out["native"]:
-        raise RuntimeError(f"{checkout}: the decoder's C extension is not built there "
-                           "(python setup.py build_ext --inplace)")
+        raise RuntimeError(f"{checkout}: the decoder does not use its C extension there "
+                           "(not built: python setup.py build_ext --inplace; or "
+                           "KINSPECT_NATIVE=0)")
     return out
 
 
@@ -129,6 +131,10 @@ def main(argv: list[str] | None = None) -> int:
                 results[(name, step)].append(one)
                 print(f"round {r + 1}: {name} {step}: cpu {one['cpu']:.2f} s, "
                       f"wall {one['wall']:.2f} s, {one['n']} items", flush=True)
+    for step in args.steps:
+        counts = {x["n"] for name in checkouts for x in results[(name, step)]}
+        if len(counts) != 1:
+            raise SystemExit(f"{step}: the checkouts read different counts: {sorted(counts)}")
     print()
     print(f"Run: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, input "

@@ -982,11 +982,10 @@ def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
         rec = _orjson_loads(raw)  # a quarter of json's time a line
     except ValueError:
         rec = None
-    if type(rec) is not dict or float in map(type, rec.values()):
-        # what orjson refuses (NaN, a lone surrogate, UTF-16...), reads as no object,
-        # or may have read otherwise (it makes an integer past 64 bits a float;
-        # capture lines hold no floats) goes to json, whose result or error stands:
-        # a line reads as json reads it
+    if type(rec) is not dict or not _as_json_reads(rec):
+        # what orjson refuses (NaN, a lone surrogate, UTF-16, nesting past 1023...),
+        # reads as no object, or may read otherwise goes to json, whose result or
+        # error stands: a line reads as json reads it
         try:
             rec = json.loads(raw)
         except ValueError as e:
@@ -999,6 +998,25 @@ def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:
     if not last:
         _check(rec, path, lineno)
     return rec
+
+
+#: the types of values orjson reads as json does
+_PLAIN = frozenset((str, int, bool, type(None)))
+
+
+def _as_json_reads(rec: dict[str, Any]) -> bool:
+    """Whether orjson's reading of a line is surely json's: its values are strings,
+    integers, booleans, nulls and lists of strings, as in kinspect's frame and conn
+    lines. orjson makes an integer past 64 bits a float (json keeps it whole), and
+    follows nesting json cannot (RecursionError past some 990 levels, depending on
+    the stack; orjson up to 1023): a line with a float or a nested value (a session
+    line's ``specs``) is read by json."""
+    kinds = set(map(type, rec.values()))
+    if kinds <= _PLAIN:
+        return True
+    if list not in kinds or not kinds - {list} <= _PLAIN:
+        return False
+    return all(type(x) is str for v in rec.values() if type(v) is list for x in v)
 
 
 #: keys of frame and conn lines that must hold integers when present (``ts_ns`` may

@@ -273,10 +273,11 @@ def test_a_file_whose_only_line_is_not_a_json_object_is_no_capture(tmp_path, tex
 
 
 def test_lines_read_as_json_reads_them(tmp_path):
-    """Lines are parsed by orjson, and what orjson refuses or reads otherwise (NaN,
-    a lone surrogate, an integer past 64 bits, which it makes a float) by json: such
-    a line loads as json reads it, and a checked key holding such a value is the
-    error json's reading makes it."""
+    """Lines are parsed by orjson, and what orjson refuses or may read otherwise by
+    json (NaN, a lone surrogate, an integer past 64 bits, which orjson makes a float,
+    nesting json cannot follow, which orjson can to 1023 levels): such a line loads
+    as json reads it, and a checked key holding such a value is the error json's
+    reading makes it."""
     path = tmp_path / "cap.jsonl"
     write_flows(path, metadata_flows(2))
     lines = path.read_bytes().splitlines(keepends=True)
@@ -295,8 +296,17 @@ def test_lines_read_as_json_reads_them(tmp_path):
     assert type(recs[1]["note"]) is int and recs[1]["note"] == big
     assert math.isnan(recs[1]["ratio"])
     assert recs[1]["who"] == "\ud800"
+    recs = list(read_capture(edited(1, b'"note": [%d, {"n": %d}]' % (big, -big))))
+    assert recs[1]["note"] == [big, {"n": -big}] and type(recs[1]["note"][0]) is int
     cap = load_capture(edited(1, b'"note": %d' % big), CODEC)
     assert [f.id for f in cap.flows] == [1, 2] and cap.flows[0].response is not None
+    with pytest.raises(CaptureError, match=f"'flags' must be a list of strings, got \\[{big}\\]"):
+        list(read_capture(edited(2, b'"flags": [%d]' % big)))
+    # nesting past json's reach (its recursion limit), within orjson's, and past both
+    for depth in (1020, 200_000):
+        with pytest.raises(CaptureError, match="nested too deeply") as ei:
+            list(read_capture(edited(2, b'"note": ' + b"[" * depth + b"]" * depth)))
+        assert ei.value.line == 3
     # a checked key: json's reading, then the check
     with pytest.raises(CaptureError, match=f"'ts_ns' must be a 64-bit integer, got {big}") as ei:
         list(read_capture(edited(2, b'"ts_ns": %d' % big)))
