@@ -1008,9 +1008,9 @@ def _as_json_reads(rec: dict[str, Any]) -> bool:
     """Whether orjson's reading of a line is surely json's: its values are strings,
     integers, booleans, nulls and lists of strings, as in kinspect's frame and conn
     lines. orjson makes an integer past 64 bits a float (json keeps it whole), and
-    follows nesting json cannot (RecursionError past some 990 levels, depending on
-    the stack; orjson up to 1023): a line with a float or a nested value (a session
-    line's ``specs``) is read by json."""
+    follows nesting to 1023 levels, where json stops at the recursion limit
+    (RecursionError: some 990 levels by default): a line with a float or a nested
+    value (a session line's ``specs``) is read by json."""
     kinds = set(map(type, rec.values()))
     if kinds <= _PLAIN:
         return True

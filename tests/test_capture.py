@@ -302,11 +302,27 @@ def test_lines_read_as_json_reads_them(tmp_path):
     assert [f.id for f in cap.flows] == [1, 2] and cap.flows[0].response is not None
     with pytest.raises(CaptureError, match=f"'flags' must be a list of strings, got \\[{big}\\]"):
         list(read_capture(edited(2, b'"flags": [%d]' % big)))
-    # nesting past json's reach (its recursion limit), within orjson's, and past both
-    for depth in (1020, 200_000):
+    # nesting within orjson's reach (1023 levels): json's verdict, whether its
+    # recursion limit lets it follow (a library may have raised the limit) or not
+    deep = edited(2, b'"note": ' + b"[" * 1020 + b"]" * 1020)
+    limit = sys.getrecursionlimit()
+    try:
+        sys.setrecursionlimit(1000)  # (the default)
         with pytest.raises(CaptureError, match="nested too deeply") as ei:
-            list(read_capture(edited(2, b'"note": ' + b"[" * depth + b"]" * depth)))
+            list(read_capture(deep))
         assert ei.value.line == 3
+        sys.setrecursionlimit(5000)
+        note = list(read_capture(deep))[2]["note"]
+        for _ in range(1019):
+            assert type(note) is list and len(note) == 1
+            note = note[0]
+        assert note == []
+    finally:
+        sys.setrecursionlimit(limit)
+    # and past both (orjson before 3.9.15 overflowed the stack here)
+    with pytest.raises(CaptureError, match="nested too deeply") as ei:
+        list(read_capture(edited(2, b'"note": ' + b"[" * 200_000 + b"]" * 200_000)))
+    assert ei.value.line == 3
     # a checked key: json's reading, then the check
     with pytest.raises(CaptureError, match=f"'ts_ns' must be a 64-bit integer, got {big}") as ei:
         list(read_capture(edited(2, b'"ts_ns": %d' % big)))
