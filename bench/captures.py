@@ -80,7 +80,8 @@ def measure(checkout: Path, step: str, capture: Path, workdir: Path) -> dict:
     """One measuring process of ``step`` importing kinspect from ``checkout``.
 
     Raises:
-        RuntimeError: the process failed, or imported kinspect from elsewhere."""
+        RuntimeError: the process failed, imported kinspect from elsewhere, or its
+            decoder did not use the C extension."""
     env = dict(os.environ, PYTHONPATH=str(checkout))
     proc = subprocess.run([sys.executable, "-c", CHILD, step, str(capture)], env=env,
                           cwd=workdir, capture_output=True, text=True)
