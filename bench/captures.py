@@ -55,7 +55,7 @@ import json, sys, time
 import kinspect
 from kinspect.capture import load_capture, read_capture
 from kinspect.codec import Codec
-from kinspect.codec import compiler
+from kinspect.codec.native import native_module
 from kinspect.proxy.pipeline import decode_flow
 step, path = sys.argv[1], sys.argv[2]
 codec = Codec()
@@ -70,7 +70,7 @@ else:
             decode_flow(codec, f)
             f.request_decoded = f.response_decoded = None
 cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
-native = compiler._native is not None  # (the C fast path in use)
+native = native_module() is not None  # (the C fast path in use)
 print(json.dumps({"kinspect": kinspect.__file__, "native": native, "cpu": cpu,
                   "wall": wall, "n": n}))
 """

@@ -542,7 +542,8 @@ tags_repeat(Ctx *c, Py_ssize_t pos, uint64_t cnt)
  * with `mask`, set the bit 1 << tag of each of them under 64 (nested structs get
  * neither: their tags are not the top level's). Checks at least what decode_struct
  * checks, except the contents of strings (UTF-8) and of tagged fields, so whatever
- * decodes scans to the same end. Returns 0, or -1 (an exception set only for a failed allocation). */
+ * decodes scans to the same end. Returns 0, or -1 (an exception set only for a
+ * failed allocation). */
 static int
 skip_struct(Program *pg, Ctx *c, PyObject *tags, uint64_t *mask)
 {
