@@ -341,6 +341,25 @@ def _proxy_env(checkout: Path) -> dict[str, str]:
 BASELINE: Path | None = None
 
 
+#: set-ups of a mode tried before a taken port (:class:`PortTaken`) stops the run
+SETUP_TRIES = 3
+
+
+class PortTaken(RuntimeError):
+    """A proxy could not listen: its port, free when :func:`free_port` chose it, was
+    taken before the proxy bound it (by another process's connection: the port came
+    from the ephemeral range that outgoing connections use too)."""
+
+
+def _failed_to_start(mode: str, what: str, err_path: Path) -> RuntimeError:
+    """The error for a proxy that did not start (:class:`PortTaken` when its error
+    output says its address was in use), with the end of that output."""
+    text = err_path.read_text(errors="replace")[-3000:]
+    taken = any(s in text.lower() for s in ("address already in use", "errno 98",
+                                            "eaddrinuse", "cannot bind socket"))
+    return (PortTaken if taken else RuntimeError)(f"{mode} {what}:\n{text}")
+
+
 class ProxyProcess:
     """A proxy (forwarder, kinspect or a peer) in its own process; ``None`` mode =
     direct."""
@@ -356,8 +375,8 @@ class ProxyProcess:
                                          stdin=subprocess.DEVNULL, start_new_session=True)
             if not _wait_listening(listen_port, self.proc):
                 self.stop()
-                raise RuntimeError(f"{mode} did not start listening on port {listen_port}:\n"
-                                   f"{self.err_path.read_text(errors='replace')[-3000:]}")
+                raise _failed_to_start(mode, f"did not start listening on port {listen_port}",
+                                       self.err_path)
             self.address = f"127.0.0.1:{listen_port}"
             return
         if mode == "forwarder":
@@ -393,8 +412,7 @@ class ProxyProcess:
             line = self.proc.stdout.readline()
         if not line.startswith("listening on"):
             self.stop()
-            raise RuntimeError(f"{mode} proxy did not start: {line!r}\n"
-                               f"{self.err_path.read_text(errors='replace')[-3000:]}")
+            raise _failed_to_start(mode, f"proxy did not start: {line!r}", self.err_path)
         self.address = line.split()[-1]
 
     @property
@@ -415,12 +433,26 @@ class ProxyProcess:
 
 
 class Setup:
-    """A fresh broker (+ proxy) for one measurement."""
+    """A fresh broker (+ proxy) for one measurement. A proxy whose port was taken
+    before it could listen (:class:`PortTaken`) is set up again, broker and all (the
+    broker may advertise the proxy's port), up to :data:`SETUP_TRIES` times."""
 
     def __init__(self, mode: str, workdir: Path):
+        self.mode = mode
+        for attempt in range(1, SETUP_TRIES + 1):
+            try:
+                self._start(workdir)
+                return
+            except PortTaken:
+                if attempt == SETUP_TRIES:
+                    raise
+                print(f"{mode}: its port was taken before it listened; setting it up again",
+                      file=sys.stderr)
+
+    def _start(self, workdir: Path) -> None:
         from kinspect.brokers import TansuBroker
 
-        self.mode = mode
+        mode = self.mode
         self.proxy: ProxyProcess | None = None
         listen_port = free_port()
         advertised = (f"127.0.0.1:{listen_port}"
