@@ -3287,3 +3287,165 @@ async def test_pipeline_drained_yields_between_slices():
     assert not pipeline._q
     assert ticks >= 10, ticks  # about one tick per slice of ~1 flow
     await pipeline.close()
+
+
+def _c_hops():
+    """``kinspect.proxy._frames.Hop``: skips only when the C path is off on purpose
+    (``KINSPECT_NATIVE=0``); fails when the extension was not built."""
+    from kinspect.proxy import server
+
+    if server._Hop is None:
+        if os.environ.get("KINSPECT_NATIVE", "").strip() == "0":
+            pytest.skip("the C extensions are off (KINSPECT_NATIVE=0)")
+        raise AssertionError("kinspect.proxy._frames (ABI 2) is not built: the short path "
+                             "in C is missing (`pip install -e .` with a C compiler)")
+    return server._Hop
+
+
+async def test_short_path_in_c_takes_the_common_reads_and_gives_the_rest_to_python(
+        tansu, unique, monkeypatch):
+    """With the C extension, a side's ``data_received`` is the C short path
+    (``Hop``): a whole frame, an answer check known for its (api key, version), an id
+    not waiting, an answer whose tags scan clear are forwarded and noted there, with
+    the counts, the framing's byte count and the notes exactly as the Python short
+    path leaves them; answers held for rewriting (Metadata) go to Python. Whatever
+    breaks a condition of the short path turns it off for
+    that side until the condition holds again (a mutator set, a frame in two reads, a
+    hold for in-flight requests, closing), and those reads go to Python."""
+    from kinspect.proxy import server
+
+    _c_hops()
+    slow = {"client": 0, "broker": 0}
+    client_slow, broker_slow = server._ClientSide._slow, server._UpstreamSide._slow
+
+    def counted(side):
+        def slow_read(self, data):
+            slow[side] += 1
+            return (client_slow if side == "client" else broker_slow)(self, data)
+        return slow_read
+
+    monkeypatch.setattr(server._ClientSide, "_slow", counted("client"))
+    monkeypatch.setattr(server._UpstreamSide, "_slow", counted("broker"))
+    topic = unique("c-hops")
+    create_topic(tansu.bootstrap, topic)
+    async with batchless_proxy(tansu) as (proxy, rec):
+        raw = await Raw.open(*proxy.address)
+        for corr in (1, 2):  # (the first requests of each api version make their checks)
+            await roundtrip(raw, api_versions(corr))
+            await roundtrip(raw, produce(100 + corr, topic, record_batch([b"v"]), version=10))
+            await roundtrip(raw, metadata(200 + corr))
+        await proxy.pipeline.drained()
+        conn = next(iter(proxy.connections))
+        cs, us = conn.client_side, conn.upstream_side
+        assert cs.fast and us.fast
+        before = dict(slow)
+        sent = got = 0
+        consumed = (conn.req_cut.consumed, conn.resp_cut.consumed)
+        counts = (proxy.stats.bytes_from_clients, proxy.stats.bytes_from_brokers)
+        reqs = [api_versions(3), produce(4, topic, record_batch([b"w"]), version=10),
+                metadata(5), api_versions(6)]
+        answers = []
+        for req in reqs:
+            answers.append(await roundtrip(raw, req))
+            sent, got = sent + 4 + len(req), got + 4 + len(answers[-1])
+        # every request in C; the answers too but Metadata's (rewritten in Python)
+        assert slow == {"client": before["client"], "broker": before["broker"] + 1}
+        assert (conn.req_cut.consumed - consumed[0], conn.resp_cut.consumed - consumed[1]) \
+            == (sent, got)
+        assert (proxy.stats.bytes_from_clients - counts[0],
+                proxy.stats.bytes_from_brokers - counts[1]) == (sent, got)
+        # noted in order, with their times and arrival numbers, as the Python path
+        notes = conn.unsettled
+        assert [struct.unpack_from(">i", ev[0], 8 if len(ev) == 3 else 4)[0]
+                for ev in notes] == [3, 3, 4, 4, 5, 5, 6, 6]
+        assert [ev[0][4:] for ev in notes[::2]] == reqs
+        as_read = [ev[0][4:] for ev in notes[1::2]]  # (Metadata's before its rewriting)
+        assert as_read[:2] + as_read[3:] == answers[:2] + answers[3:]
+        assert as_read[2] != answers[2]
+        assert [ev[2] for ev in notes] == sorted(ev[2] for ev in notes)
+        assert all(a[1] <= b[1] for a, b in zip(notes, notes[1:]))
+        # the Produce v10 answer was scanned in place, the Metadata answer rewritten
+        assert [ev[3] for ev in notes[1::2]][:2] == [None, server._SCANNED]
+        assert notes[5][3][0] == server._REWRITTEN and notes[7][3] is None
+        assert proxy.unsettled_frames == 8 and \
+            proxy.unsettled_bytes == sum(len(ev[0]) for ev in notes)
+        await proxy.pipeline.drained()
+        assert not conn.unsettled and proxy.unsettled_frames == proxy.unsettled_bytes == 0
+        flows = {f.correlation_id: f for f in rec.flows}
+        assert [flows[c].request for c in (3, 4, 5, 6)] == reqs
+        assert [flows[c].response for c in (3, 4, 5, 6)] == as_read
+        assert flows[5].response_sent == answers[2]
+        # a request mutator: requests go to Python while it is set
+        proxy.request_mutator = lambda flow, data: None
+        assert not cs.fast and us.fast
+        n = slow["client"]
+        await roundtrip(raw, api_versions(7))
+        assert slow["client"] == n + 1
+        proxy.request_mutator = None
+        assert cs.fast
+        # a frame in two reads: Python's, and the C path back once it is whole
+        whole = frame(api_versions(8))
+        raw.writer.write(whole[:5])
+        await raw.writer.drain()
+        await wait_for(lambda: slow["client"] == n + 2, what="the first piece")
+        assert not cs.fast
+        raw.writer.write(whole[5:])
+        assert corr_of(await raw.read()) == 8
+        assert cs.fast
+        n = slow["client"]
+        await roundtrip(raw, api_versions(9))
+        assert slow["client"] == n
+        # reading the client held for in-flight requests: answers go to Python
+        conn.pause_client(server.HOLD_INFLIGHT)
+        assert not us.fast
+        conn.resume_client(server.HOLD_INFLIGHT)
+        assert us.fast
+        raw.close()
+        await wait_for(lambda: conn.closed, what="the connection to end")
+        assert not cs.fast and not us.fast
+
+
+def test_a_hop_takes_reads_only_once_bound():
+    """``Hop.fast`` cannot be turned on before ``bind()`` and ``peer()``; with it
+    off, every read goes to ``_slow`` as it came (a bytearray, any size)."""
+    hop_type = _c_hops()
+    seen = []
+
+    class Side(hop_type):
+        def _slow(self, data):
+            seen.append(data)
+
+    side = Side()
+    with pytest.raises(RuntimeError, match="bound"):
+        side.fast = True
+    assert not side.fast
+    for data in (b"", b"\x00\x00\x00\x08" + bytes(8), bytearray(b"abc")):
+        assert side.data_received(data) is None
+    assert seen == [b"", b"\x00\x00\x00\x08" + bytes(8), bytearray(b"abc")]
+    assert side.consumed == 0
+
+
+async def test_closed_connections_and_their_c_hops_are_collected(tansu):
+    """A side's ``Hop`` holds its connection's containers and methods (a reference
+    cycle through the connection): the garbage collector frees them all once the
+    connection is closed and gone from the proxy."""
+    import gc
+    import weakref
+
+    _c_hops()
+    async with batchless_proxy(tansu) as (proxy, _rec):
+        raw = await Raw.open(*proxy.address)
+        await roundtrip(raw, api_versions(1))
+        await roundtrip(raw, api_versions(2))
+        conn = next(iter(proxy.connections))
+        refs = [weakref.ref(x) for x in (conn, conn.client_side, conn.upstream_side)]
+        del conn
+        raw.close()
+        await wait_for(lambda: not proxy.connections, what="the connection to end")
+        await proxy.pipeline.drained()
+        for _ in range(50):
+            await asyncio.sleep(0.02)  # (the transports let go of their protocols)
+            gc.collect()
+            if all(r() is None for r in refs):
+                break
+        assert [r() is None for r in refs] == [True, True, True]

@@ -219,7 +219,9 @@ class Pipeline:
         if proxy is None:
             n, size = len(q), self.backlog_bytes
         else:  # frames of the short path, paired when the batch starts, count too
-            n, size = len(q) + proxy.unsettled_frames, self.backlog_bytes + proxy.unsettled_bytes
+            counters = proxy.counters
+            n = len(q) + counters.unsettled_frames
+            size = self.backlog_bytes + counters.unsettled_bytes
         size -= EVENT_COST * self._events  # bytes of frames only
         if n and not self._cb_pending and (n >= self.batch_events or size >= self.batch_bytes):
             self._drain()

@@ -35,9 +35,11 @@ local listener, and responses are rewritten to point at it.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import itertools
 import logging
+import os
 import socket
 import struct
 import time
@@ -55,6 +57,12 @@ try:
     from ._frames import FrameBuffer as _FrameBuffer
 except ImportError:  # built without a C compiler: frames are read into bytearrays
     _FrameBuffer = None
+try:  # the short path of reads in C (both sides' protocols derive from Hop)
+    from ._frames import ABI as _FRAMES_ABI, Counters as _CCounters, Hop as _Hop
+except ImportError:  # (or an older build of _frames: the short path in Python)
+    _FRAMES_ABI, _CCounters, _Hop = 0, None, None
+if _FRAMES_ABI < 2 or os.environ.get("KINSPECT_NATIVE", "").strip() == "0":
+    _CCounters = _Hop = None
 
 log = logging.getLogger("kinspect.proxy")
 _UNSET = object()
@@ -162,15 +170,31 @@ class ListenerLimitError(KinspectError):
     leaves listeners for."""
 
 
+class _PyCounters:
+    """The counts every read moves (:class:`kinspect.proxy._frames.Counters` when the
+    C extension is built): bytes read from each side, and the frames and bytes of the
+    short path not paired yet."""
+
+    __slots__ = ("bytes_from_clients", "bytes_from_brokers", "unsettled_frames",
+                 "unsettled_bytes")
+
+    def __init__(self) -> None:
+        self.bytes_from_clients = self.bytes_from_brokers = 0
+        self.unsettled_frames = self.unsettled_bytes = 0
+
+
+def _new_counters() -> Any:
+    return _CCounters() if _CCounters is not None else _PyCounters()
+
+
 @dataclass
 class Stats:
-    """Running totals (read by the live view)."""
+    """Running totals (read by the live view). ``bytes_from_clients`` and
+    ``bytes_from_brokers`` live in :attr:`counters`, which the hops move."""
 
     connections_total: int = 0
     connections_open: int = 0
     flows: int = 0
-    bytes_from_clients: int = 0
-    bytes_from_brokers: int = 0
     undecoded: int = 0
     decode_skipped: int = 0
     rewritten: int = 0
@@ -180,6 +204,25 @@ class Stats:
     #: reads of more than SLICE_FRAMES frames, handled a slice at a time
     sliced_reads: int = 0
     started: float = field(default_factory=time.time)
+    counters: Any = field(default_factory=_new_counters, repr=False, compare=False)
+
+    @property
+    def bytes_from_clients(self) -> int:
+        """Bytes read from clients."""
+        return self.counters.bytes_from_clients
+
+    @bytes_from_clients.setter
+    def bytes_from_clients(self, n: int) -> None:
+        self.counters.bytes_from_clients = n
+
+    @property
+    def bytes_from_brokers(self) -> int:
+        """Bytes read from brokers."""
+        return self.counters.bytes_from_brokers
+
+    @bytes_from_brokers.setter
+    def bytes_from_brokers(self, n: int) -> None:
+        self.counters.bytes_from_brokers = n
 
 
 
@@ -249,7 +292,7 @@ class CutThrough:
             the bytes before that prefix; none of the prefix's bytes are in them.
     """
 
-    __slots__ = ("max_frame", "left", "hold", "head", "parts", "consumed", "body",
+    __slots__ = ("max_frame", "left", "hold", "head", "parts", "_consumed", "hop", "body",
                  "direct_min", "direct_share", "unfilled", "own", "own_view",
                  "own_data", "fill", "rest")
 
@@ -261,8 +304,10 @@ class CutThrough:
         self.head = b""     # the first bytes (< 8) of a frame, kept back until decided
         self.parts: list = []  # body pieces of the current frame so far
         self.body = 0       # body size of the current frame
-        #: bytes fed so far
-        self.consumed = 0
+        self._consumed = 0
+        #: the side's :class:`Hop <kinspect.proxy._frames.Hop>`, whose short path in C
+        #: forwards whole frames without this object (see :attr:`consumed`)
+        self.hop: Any = None
         #: frames this long or longer may be read into a buffer of their own ...
         self.direct_min = max(2, direct_min)
         #: ... once this fraction (1/direct_share) of the frame has arrived
@@ -277,6 +322,17 @@ class CutThrough:
         #: bytes of a chunk left unfed when :meth:`feed` stopped at its ``limit``
         #: (they start a frame); feed them next
         self.rest: bytes | None = None
+
+    @property
+    def consumed(self) -> int:
+        """Bytes fed so far, with those the side's C short path forwarded."""
+        hop = self.hop
+        return self._consumed if hop is None else self._consumed + hop.consumed
+
+    @consumed.setter
+    def consumed(self, n: int) -> None:
+        hop = self.hop
+        self._consumed = n if hop is None else n - hop.consumed
 
     @property
     def buffered(self) -> int:
@@ -595,16 +651,55 @@ class Proxy:
         #: connections with frames forwarded on the short path and not paired yet
         #: (Connection.settle), and how many such frames (and bytes) there are
         self.unsettled: list[Connection] = []
-        self.unsettled_frames = 0
-        self.unsettled_bytes = 0
+        #: the counts every read moves (also the stats' byte counts)
+        self.counters = self.stats.counters
         #: numbers the short path's frames in arrival order, across connections
         self.arrivals = itertools.count()
-        #: Optional frame mutators (the tagged-field workbench): callables
-        #: ``(flow, frame) -> bytes | None`` returning a replacement frame (without
-        #: size prefix) or ``None`` to leave the frame alone. With no request
-        #: mutator, requests are forwarded as raw chunks (the fast path).
-        self.request_mutator: Callable[[Flow, bytes], bytes | None] | None = None
-        self.response_mutator: Callable[[Flow, bytes], bytes | None] | None = None
+        self._request_mutator: Callable[[Flow, bytes], bytes | None] | None = None
+        self._response_mutator: Callable[[Flow, bytes], bytes | None] | None = None
+
+    @property
+    def unsettled_frames(self) -> int:
+        """Frames forwarded on the short path and not paired yet (all connections)."""
+        return self.counters.unsettled_frames
+
+    @unsettled_frames.setter
+    def unsettled_frames(self, n: int) -> None:
+        self.counters.unsettled_frames = n
+
+    @property
+    def unsettled_bytes(self) -> int:
+        """Their bytes."""
+        return self.counters.unsettled_bytes
+
+    @unsettled_bytes.setter
+    def unsettled_bytes(self, n: int) -> None:
+        self.counters.unsettled_bytes = n
+
+    @property
+    def request_mutator(self) -> Callable[[Flow, bytes], bytes | None] | None:
+        """Optional request mutator (the tagged-field workbench): a callable ``(flow,
+        frame) -> bytes | None`` returning a replacement frame (without size prefix)
+        or ``None`` to leave the frame alone. Without one, requests are forwarded as
+        they are read (the short path). May be set at any time."""
+        return self._request_mutator
+
+    @request_mutator.setter
+    def request_mutator(self, mutator: Callable[[Flow, bytes], bytes | None] | None) -> None:
+        self._request_mutator = mutator
+        for c in self.connections:
+            c._refresh_fast()
+
+    @property
+    def response_mutator(self) -> Callable[[Flow, bytes], bytes | None] | None:
+        """Optional response mutator, as :attr:`request_mutator`."""
+        return self._response_mutator
+
+    @response_mutator.setter
+    def response_mutator(self, mutator: Callable[[Flow, bytes], bytes | None] | None) -> None:
+        self._response_mutator = mutator
+        for c in self.connections:
+            c._refresh_fast()
 
     # -- lifecycle -------------------------------------------------------------
     @property
@@ -984,6 +1079,34 @@ class Connection:
         self.client_side: Any = None
         self.upstream_side: Any = None
 
+    def _refresh_fast(self) -> None:
+        """Let each side's reads take the short path in C (:class:`Hop
+        <kinspect.proxy._frames.Hop>`, ``fast``) exactly while the conditions of the
+        short path hold, as the Python one checks them at every read: the connection
+        open and not draining (requests), no SASL tokens to come and no half-close
+        (``simple``), no frame under way on that side, no mutator for that side, and
+        for answers, reading the client not held for :data:`MAX_INFLIGHT`. Called
+        wherever one of them may have changed: after every read Python handled (the
+        C path changes none), after a read's later slice or a large frame read in
+        place, on opening, closing and draining, and when a mutator or that hold is
+        set. Nothing without the C extension."""
+        if _Hop is None:
+            return
+        proxy = self.proxy
+        ok = not self.closed and self.simple
+        side = self.client_side
+        if side is not None:
+            cut = self.req_cut
+            side.fast = ok and self.up_tr is not None and not self.draining and not cut.left \
+                and not cut.head and cut.rest is None and cut.own is None \
+                and proxy._request_mutator is None
+        side = self.upstream_side
+        if side is not None:
+            cut = self.resp_cut
+            side.fast = ok and not cut.left and not cut.head and cut.rest is None \
+                and cut.own is None and proxy._response_mutator is None \
+                and not self.client_hold & HOLD_INFLIGHT
+
     def settle(self) -> None:
         """Pair the frames forwarded on the short path (``data_received``), in their
         order, and hand the flows to the pipeline: what the long path does for each
@@ -999,13 +1122,15 @@ class Connection:
 
     def _take_unsettled(self) -> list:
         """The frames waiting to be paired (the list is this connection's no more)."""
-        events = self.unsettled
-        if events:
-            self.unsettled = []
-            self.apis.clear()
-            proxy = self.proxy
-            proxy.unsettled_frames -= len(events)
-            proxy.unsettled_bytes -= sum(len(ev[0]) for ev in events)
+        unsettled = self.unsettled
+        if not unsettled:
+            return []
+        events = unsettled[:]  # (the list stays the connection's: the hops hold it)
+        unsettled.clear()
+        self.apis.clear()
+        counters = self.proxy.counters
+        counters.unsettled_frames -= len(events)
+        counters.unsettled_bytes -= sum(len(ev[0]) for ev in events)
         return events
 
     def _settle_one(self, ev: tuple) -> None:
@@ -1126,6 +1251,7 @@ class Connection:
         if flow.api_key == SASL_HANDSHAKE and flow.api_version == 0:
             self.simple = False  # raw SASL tokens may follow (KIP-43): only the
             # tracker tells them from requests, so no short path from now on
+            self._refresh_fast()
         pipeline = self.proxy.pipeline
         pipeline.request(flow)
         if NO_RESPONSE in flow.flags:
@@ -1311,6 +1437,7 @@ class Connection:
             return False
         self.half_closed = True
         self.simple = False
+        self._refresh_fast()
         return True
 
     def upstream_ready(self, tr: asyncio.Transport) -> None:
@@ -1318,6 +1445,8 @@ class Connection:
         if self.closed:
             tr.close()
             return
+        if _Hop is not None and self.client_side is not None:
+            self.client_side.peer(tr.write, tr.is_closing)
         if self._early:
             tr.writelines(self._early)
             self._early = []
@@ -1327,6 +1456,7 @@ class Connection:
         if self.up_hold:  # paused before the transport was there (Proxy.overload while
             tr.pause_reading()  # connecting): pause the transport itself now
         self.resume_client(HOLD_CONNECTING)
+        self._refresh_fast()
 
     def drain(self) -> None:
         """Shutting down: stop forwarding requests (what the client still sends
@@ -1337,6 +1467,7 @@ class Connection:
             if self.closed:
                 return
         self.draining = True
+        self._refresh_fast()
         self._early = []
         self.resume_upstream(HOLD_PIPELINE)
         if self.resp_cut.rest is not None and self.upstream_side is not None:
@@ -1358,6 +1489,7 @@ class Connection:
             if self.closed:  # (one of them ended the connection: a bad size prefix)
                 return
         self.closed = True
+        self._refresh_fast()
         if reason:
             log.log(level, "conn %d (%s): closing: %s", self.id, self.client, reason)
         # what either side sent of a frame the proxy held (or had not yet sized)
@@ -1426,6 +1558,8 @@ class Connection:
         honours it since gh-103607), so a connection's transport may read although
         it holds HOLD_CONNECTING."""
         self.client_hold |= why
+        if why & HOLD_INFLIGHT:
+            self._refresh_fast()
         tr = self.client_tr
         if not self.closed and not tr.is_closing() and tr.is_reading():
             tr.pause_reading()
@@ -1433,6 +1567,8 @@ class Connection:
     def resume_client(self, why: int = HOLD_FLOW) -> None:
         was = self.client_hold
         self.client_hold = was & ~why
+        if was & why & HOLD_INFLIGHT:
+            self._refresh_fast()
         if was and not self.client_hold and not self.client_tr.is_closing():
             self.client_tr.resume_reading()
 
@@ -1521,6 +1657,7 @@ class _Slices:
         conn = self.conn  # type: ignore[attr-defined]
         try:
             self._next_slice()  # type: ignore[attr-defined]
+            conn._refresh_fast()
         except Exception:  # noqa: BLE001 - as an error in the read's own callback: the
             # connection ends (its transports closed), and nothing waits on it for ever
             log.exception("conn %d (%s): error handling a slice of a read", conn.id,
@@ -1529,7 +1666,33 @@ class _Slices:
             conn.close("internal error", logging.ERROR)
 
 
-class _ClientSide(_Slices, asyncio.Protocol):
+class _NoHop:
+    """Stands in for :class:`Hop <kinspect.proxy._frames.Hop>` without the C
+    extension: the sides' ``data_received`` is then their Python ``_read``."""
+
+
+def _bind_hop(side: Any, conn: "Connection", answers: bool) -> None:
+    """Give a side's :class:`Hop <kinspect.proxy._frames.Hop>` what its short path
+    reads and writes: the connection's containers (``unsettled``, ``apis``, the
+    tracker's ``pending`` and ``inflight``), the proxy's answer checks, arrival count
+    and counters, and what it calls (registering the connection as unsettled, the
+    pipeline's kick, the in-flight check, the in-place scan of answers)."""
+    if _Hop is None:
+        return
+    proxy = conn.proxy
+    cut = conn.resp_cut if answers else conn.req_cut
+    cut.hop = side
+    side.bind(answers, cut.max_frame,
+              conn.unsettled, conn.apis, conn.tracker.pending, proxy._checks,
+              proxy.arrivals, functools.partial(proxy._unsettle, conn), proxy.pipeline.kick,
+              conn.tracker.inflight, conn._inflight_check, proxy.counters, _scan_clear,
+              _SCANNED, BATCH_KICK)
+
+
+_HopBase: Any = _Hop if _Hop is not None else _NoHop
+
+
+class _ClientSide(_HopBase, _Slices, asyncio.Protocol):
     """Client-facing half of a connection. Reads arrive as ``bytes`` from the event
     loop (``data_received``: its own C buffer, no Python call to ask for one), except
     while a large frame is read into a buffer of its own (:class:`CutThrough`): then
@@ -1553,6 +1716,7 @@ class _ClientSide(_Slices, asyncio.Protocol):
         _nodelay(tr)
         conn = self.conn = Connection(proxy, self.listener, tr)
         conn.client_side = self
+        _bind_hop(self, conn, answers=False)
         self.frame_side = _FrameSide(self, conn, client=True)
         tr.pause_reading()  # until the broker connection is up; resumed by upstream_ready
         proxy.connections.add(conn)
@@ -1581,7 +1745,19 @@ class _ClientSide(_Slices, asyncio.Protocol):
         _nodelay(tr)
         conn.upstream_ready(tr)
 
-    def data_received(self, data: bytes) -> None:
+    def _slow(self, data: bytes) -> None:
+        """A read the C short path (:class:`Hop <kinspect.proxy._frames.Hop>`) left
+        to Python: handled by :meth:`_read`; the C path's conditions are then looked
+        at again."""
+        conn = self.conn
+        if conn is None:
+            return
+        try:
+            self._read(data)
+        finally:
+            conn._refresh_fast()
+
+    def _read(self, data: bytes) -> None:
         conn = self.conn
         if conn is None:
             return
@@ -1600,7 +1776,8 @@ class _ClientSide(_Slices, asyncio.Protocol):
                 conn.up_tr.write(data)
                 cut.consumed += n
                 proxy = self.proxy
-                proxy.stats.bytes_from_clients += n
+                counters = proxy.counters
+                counters.bytes_from_clients += n
                 api_key, api_version, corr = _HHI(data, 4)
                 if api_key == SASL_HANDSHAKE:  # paired now: raw SASL tokens may follow
                     proxy.settle()
@@ -1610,8 +1787,8 @@ class _ClientSide(_Slices, asyncio.Protocol):
                     if not unsettled:
                         proxy._unsettle(conn)
                     unsettled.append((data, time.time_ns(), next(proxy.arrivals)))
-                    proxy.unsettled_frames += 1
-                    proxy.unsettled_bytes += n
+                    counters.unsettled_frames += 1
+                    counters.unsettled_bytes += n
                     # whether (and how) its response will be checked for broker
                     # addresses (Proxy.response_check)
                     chk = proxy._checks.get((api_key, api_version), _UNSET)
@@ -1643,6 +1820,9 @@ class _ClientSide(_Slices, asyncio.Protocol):
                 return
         conn.client_data(data)
         self._after(conn, cut)
+
+    if _Hop is None:
+        data_received = _read
 
     def _after(self, conn: Connection, cut: CutThrough) -> None:
         """After a read (or a slice of one) was handled: the rest of it at the next
@@ -1710,6 +1890,7 @@ class _FrameSide(asyncio.BufferedProtocol):
         self.read(nbytes)
         if self.cut.own is None:  # the frame is whole (or the connection ended)
             self.side.transport.set_protocol(self.side)
+            self.conn._refresh_fast()
 
     def eof_received(self) -> bool:
         return self.side.eof_received()
@@ -1724,7 +1905,7 @@ class _FrameSide(asyncio.BufferedProtocol):
         self.side.resume_writing()
 
 
-class _UpstreamSide(_Slices, asyncio.Protocol):
+class _UpstreamSide(_HopBase, _Slices, asyncio.Protocol):
     """Broker-facing half of a connection (reads as in :class:`_ClientSide`)."""
 
     def __init__(self, conn: Connection):
@@ -1732,11 +1913,22 @@ class _UpstreamSide(_Slices, asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.frame_side = _FrameSide(self, conn, client=False)
         conn.upstream_side = self
+        if _Hop is not None:
+            _bind_hop(self, conn, answers=True)
+            self.peer(conn.client_tr.write, conn.client_tr.is_closing)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
-    def data_received(self, data: bytes) -> None:
+    def _slow(self, data: bytes) -> None:
+        """As :meth:`_ClientSide._slow`, for reads from the broker."""
+        conn = self.conn
+        try:
+            self._read(data)
+        finally:
+            conn._refresh_fast()
+
+    def _read(self, data: bytes) -> None:
         conn = self.conn
         cut = conn.resp_cut
         n = len(data)
@@ -1793,20 +1985,24 @@ class _UpstreamSide(_Slices, asyncio.Protocol):
                         else:
                             tr.writelines((_SIZE(len(sent)), sent))
                 cut.consumed += n
-                proxy.stats.bytes_from_brokers += n
+                counters = proxy.counters
+                counters.bytes_from_brokers += n
                 unsettled = conn.unsettled
                 if not unsettled:
                     proxy._unsettle(conn)
                 unsettled.append((data, time.time_ns(), next(proxy.arrivals), outcome))
-                proxy.unsettled_frames += 1
-                proxy.unsettled_bytes += n
-                if proxy.unsettled_bytes >= BATCH_KICK:  # large answers waiting
+                counters.unsettled_frames += 1
+                counters.unsettled_bytes += n
+                if counters.unsettled_bytes >= BATCH_KICK:  # large answers waiting
                     proxy.pipeline.kick()
                 if conn.client_hold & HOLD_INFLIGHT:
                     conn._inflight_answered()
                 return
         conn.upstream_data(data)
         self._after(conn, cut)
+
+    if _Hop is None:
+        data_received = _read
 
     def _after(self, conn: Connection, cut: CutThrough) -> None:
         """As :meth:`_ClientSide._after`, for reads from the broker."""
