@@ -3449,3 +3449,80 @@ async def test_closed_connections_and_their_c_hops_are_collected(tansu):
             if all(r() is None for r in refs):
                 break
         assert [r() is None for r in refs] == [True, True, True]
+
+
+def _bound_hops(kicks: list, kick_frames: int = 256):
+    """A request hop and an answer hop bound to plain containers (ApiVersions v3
+    requests need no answer check), each writing nowhere; ``kicks`` gets the count
+    of unsettled frames at each kick."""
+    import itertools
+
+    from kinspect.proxy.server import _CCounters
+
+    hop_type = _c_hops()
+
+    class Side(hop_type):
+        def _slow(self, data):
+            raise AssertionError(f"a read left to Python: {bytes(data[:12]).hex()}")
+
+    counters = _CCounters()
+    shared = dict(max_frame=1 << 20, unsettled=[], apis={}, pending={}, checks={(18, 3): None},
+                  arrivals=itertools.count(), unsettle=lambda: None,
+                  kick=lambda: kicks.append(counters.unsettled_frames), inflight=[],
+                  inflight_check=lambda: None, counters=counters, scan=None, scanned=None,
+                  kick_frames=kick_frames, kick_bytes=1 << 20, max_inflight=1024)
+    sides = []
+    for answers in (False, True):
+        side = Side()
+        side.bind(answers=answers, **shared)
+        side.peer(lambda data: None, lambda: False)
+        side.fast = True
+        sides.append(side)
+    return sides[0], sides[1], shared
+
+
+def test_a_hop_asks_the_pipeline_for_a_batch_as_reads_come():
+    """The C short path asks the pipeline's ``kick`` (which starts a batch when a
+    full one waits) after every 32 requests a connection forwards, and whenever the
+    short path's frames alone make a full batch: a client that waits for each
+    answer gets its batches as the Python path's kick after every request gives
+    them (an answer moves the count too, so a count taken over all frames would
+    never come round to a request)."""
+    kicks: list[int] = []
+    req, ans, shared = _bound_hops(kicks)
+    for corr in range(129):
+        req.data_received(struct.pack(">ihhi", 8, 18, 3, corr))
+        ans.data_received(struct.pack(">ii", 4, corr))
+    # every 32nd request (noted then: 32 requests and 31 answers, ...), then each one
+    # once 256 frames wait (nothing is paired here)
+    assert kicks == [63, 127, 191, 255, 257]
+    assert [len(ev) for ev in shared["unsettled"][:2]] == [3, 4]
+    kicks.clear()
+    req, ans, shared = _bound_hops(kicks, kick_frames=5)
+    for corr in range(4):
+        req.data_received(struct.pack(">ihhi", 8, 18, 3, corr))
+    assert kicks == [] and shared["counters"].unsettled_frames == 4
+    req.data_received(struct.pack(">ihhi", 8, 18, 3, 4))
+    assert kicks == [5]
+
+
+def test_a_hop_is_bound_only_to_what_it_can_use():
+    """``bind()`` refuses an ``arrivals`` that is no iterator and callbacks that
+    cannot be called; ``peer()`` two callables (each would crash or fail on the
+    first read otherwise)."""
+    import itertools
+
+    from kinspect.proxy.server import _CCounters
+
+    hop = _c_hops()()
+    args = dict(answers=False, max_frame=1 << 20, unsettled=[], apis={}, pending={},
+                checks={}, arrivals=itertools.count(), unsettle=lambda: None,
+                kick=lambda: None, inflight=[], inflight_check=lambda: None,
+                counters=_CCounters(), scan=None, scanned=None, kick_frames=256,
+                kick_bytes=1 << 20, max_inflight=1024)
+    for bad in (dict(arrivals=[]), dict(kick=None), dict(scan=42)):
+        with pytest.raises(TypeError):
+            hop.bind(**{**args, **bad})
+    hop.bind(**args)
+    with pytest.raises(TypeError):
+        hop.peer(b"", lambda: False)

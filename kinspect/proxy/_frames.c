@@ -132,13 +132,14 @@ static PyTypeObject FrameBuffer_Type = {
  * Connection._refresh_fast), a read that is not one whole frame, a SaslHandshake
  * request, a request whose (api key, version) has no answer check noted yet
  * (Proxy.response_check) or whose correlation id is still waiting for an answer,
- * an answer whose request was paired already or which must be looked at further
- * (its tags not clear). Each of these is decided before anything is written, so
- * the Python path sees the read exactly as it came.
+ * an answer whose request was paired already, which is held for rewriting (no
+ * scan for its api version) or whose tags do not scan clear. Each of these is
+ * decided before anything is written, so the Python path sees the read exactly as
+ * it came.
  * ------------------------------------------------------------------------- */
 
 #define SASL_HANDSHAKE 17
-#define MAX_INFLIGHT 1024      /* kinspect.proxy.server.MAX_INFLIGHT */
+#define KICK_EVERY 32          /* requests a hop forwards between two kicks at most */
 
 /* The proxy's running counts that every read moves, in one object: the bytes
  * read from each side (Stats) and the frames and bytes of the short path not
@@ -179,8 +180,10 @@ typedef struct {
     char fast;            /* the short path's conditions hold (set by Python) */
     char answers;         /* the broker's side (else the client's) */
     Py_ssize_t max_frame;
-    long long consumed;   /* bytes forwarded here, not yet in the side's CutThrough */
-    long long kick_bytes; /* unsettled bytes that call the pipeline's kick */
+    Py_ssize_t max_inflight; /* kinspect.proxy.server.MAX_INFLIGHT */
+    long long consumed;   /* bytes forwarded here (counted in the side's CutThrough) */
+    long long kick_frames, kick_bytes; /* a full batch (Pipeline.batch_events, BATCH_KICK) */
+    int since_kick;       /* requests forwarded here since the pipeline's kick was asked */
     PyObject *peer_write, *peer_closing;          /* the other side's transport */
     PyObject *unsettled, *apis, *pending, *checks, *arrivals;
     PyObject *unsettle, *kick, *inflight, *inflight_check;
@@ -325,15 +328,19 @@ request(Hop *h, PyObject *data, const unsigned char *p, Py_ssize_t n)
         goto fail;
     Py_DECREF(chk);
     Py_DECREF(corr);
-    /* the pipeline starts a batch early when a full one waits (Pipeline.kick):
-     * asked every 32 frames noted, and whenever a megabyte waits */
-    if (((h->counters->unsettled_frames & 31) == 0 ||
-         h->counters->unsettled_bytes >= h->kick_bytes) && call_none(h->kick) < 0)
-        return NULL;
+    /* the pipeline starts a batch early when a full one waits (Pipeline.kick): asked
+     * when the short path's frames alone make one, and after every KICK_EVERY
+     * requests forwarded here (for the events its own queue holds) */
+    if (++h->since_kick >= KICK_EVERY || h->counters->unsettled_frames >= h->kick_frames ||
+            h->counters->unsettled_bytes >= h->kick_bytes) {
+        h->since_kick = 0;
+        if (call_none(h->kick) < 0)
+            return NULL;
+    }
     Py_ssize_t waiting = PyObject_Size(h->inflight);
     if (waiting < 0)
         return NULL;
-    if (PyList_GET_SIZE(h->unsettled) + waiting >= MAX_INFLIGHT &&
+    if (PyList_GET_SIZE(h->unsettled) + waiting >= h->max_inflight &&
             call_none(h->inflight_check) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -363,7 +370,8 @@ answer(Hop *h, PyObject *data, const unsigned char *p, Py_ssize_t n)
             return NULL;
         goto slow;  /* its request was paired already */
     }
-    PyObject *outcome = Py_None;
+    PyObject *outcome = Py_None;  /* (held from here: calls follow) */
+    Py_INCREF(outcome);
     if (api != Py_None) {
         /* (api key, api version, scan): forwarded as read when the scan says none of
          * the tags that may carry broker addresses is there (Proxy.response_check) */
@@ -371,61 +379,75 @@ answer(Hop *h, PyObject *data, const unsigned char *p, Py_ssize_t n)
                          ? PyTuple_GET_ITEM(api, 2) : Py_None;
         if (scan == Py_None || !PyTuple_Check(scan) || PyTuple_GET_SIZE(scan) != 3) {
             Py_DECREF(corr);
+            Py_DECREF(outcome);
             goto slow;
         }
         Py_ssize_t pos = PyLong_AsSsize_t(PyTuple_GET_ITEM(scan, 1));
         if (pos == -1 && PyErr_Occurred()) {
             Py_DECREF(corr);
+            Py_DECREF(outcome);
             return NULL;
         }
         if (!(n > pos && (pos == 8 || p[8] == 0))) {
             Py_DECREF(corr);
+            Py_DECREF(outcome);
             goto slow;
         }
         PyObject *end = PyLong_FromSsize_t(n);
         if (end == NULL) {
             Py_DECREF(corr);
+            Py_DECREF(outcome);
             return NULL;
         }
+        PyObject *scan_clear = h->scan;
         Py_INCREF(scan);
+        Py_INCREF(scan_clear);
         PyObject *args[5] = {PyTuple_GET_ITEM(scan, 0), data, PyTuple_GET_ITEM(scan, 1), end,
                              PyTuple_GET_ITEM(scan, 2)};
-        PyObject *clear = PyObject_Vectorcall(h->scan, args, 5, NULL);
+        PyObject *clear = PyObject_Vectorcall(scan_clear, args, 5, NULL);
+        Py_DECREF(scan_clear);
         Py_DECREF(scan);
         Py_DECREF(end);
         if (clear == NULL) {
             Py_DECREF(corr);
+            Py_DECREF(outcome);
             return NULL;
         }
         int is_clear = clear == Py_True;
         Py_DECREF(clear);
         if (!is_clear) {
             Py_DECREF(corr);
+            Py_DECREF(outcome);
             goto slow;
         }
-        outcome = h->scanned;
+        Py_INCREF(h->scanned);
+        Py_SETREF(outcome, h->scanned);
     }
     int r = PyDict_DelItem(h->apis, corr);
     Py_DECREF(corr);
     if (r < 0)
-        return NULL;
+        goto fail;
     PyObject *is_closing_f = h->peer_closing;
     Py_INCREF(is_closing_f);
     PyObject *closing = PyObject_CallNoArgs(is_closing_f);
     Py_DECREF(is_closing_f);
     if (closing == NULL)
-        return NULL;
+        goto fail;
     int is_closing = PyObject_IsTrue(closing);
     Py_DECREF(closing);
     if (is_closing < 0 || (!is_closing && call_one(h->peer_write, data) < 0))
-        return NULL;
+        goto fail;
     h->consumed += n;
     h->counters->bytes_from_brokers += n;
     if (note(h, data, n, outcome) < 0)
-        return NULL;
+        goto fail;
+    Py_DECREF(outcome);
     if (h->counters->unsettled_bytes >= h->kick_bytes && call_none(h->kick) < 0)
         return NULL;
     Py_RETURN_NONE;
+fail:
+    Py_DECREF(outcome);
+    return NULL;
 slow:
     return PyObject_CallMethodOneArg((PyObject *)h, str_slow, data);
 }
@@ -496,17 +518,29 @@ Hop_bind(Hop *h, PyObject *args, PyObject *kwds)
 {
     static char *kwlist[] = {"answers", "max_frame", "unsettled", "apis", "pending", "checks",
                              "arrivals", "unsettle", "kick", "inflight", "inflight_check",
-                             "counters", "scan", "scanned", "kick_bytes", NULL};
+                             "counters", "scan", "scanned", "kick_frames", "kick_bytes",
+                             "max_inflight", NULL};
     int answers;
-    Py_ssize_t max_frame;
-    long long kick_bytes;
+    Py_ssize_t max_frame, max_inflight;
+    long long kick_frames, kick_bytes;
     PyObject *o[12];
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pnO!O!O!O!OOOOOO!OOL:bind", kwlist,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "pnO!O!O!O!OOOOOO!OOLLn:bind", kwlist,
                                      &answers, &max_frame, &PyList_Type, &o[0],
                                      &PyDict_Type, &o[1], &PyDict_Type, &o[2],
                                      &PyDict_Type, &o[3], &o[4], &o[5], &o[6], &o[7], &o[8],
-                                     &Counters_Type, &o[9], &o[10], &o[11], &kick_bytes))
+                                     &Counters_Type, &o[9], &o[10], &o[11], &kick_frames,
+                                     &kick_bytes, &max_inflight))
         return NULL;
+    if (!PyIter_Check(o[4])) {
+        PyErr_SetString(PyExc_TypeError, "bind(): arrivals must be an iterator");
+        return NULL;
+    }
+    if (!PyCallable_Check(o[5]) || !PyCallable_Check(o[6]) || !PyCallable_Check(o[8]) ||
+            (o[10] != Py_None && !PyCallable_Check(o[10]))) {
+        PyErr_SetString(PyExc_TypeError,
+                        "bind(): unsettle, kick, inflight_check and scan must be callable");
+        return NULL;
+    }
     PyObject **to[12] = {&h->unsettled, &h->apis, &h->pending, &h->checks, &h->arrivals,
                          &h->unsettle, &h->kick, &h->inflight, &h->inflight_check,
                          (PyObject **)&h->counters, &h->scan, &h->scanned};
@@ -516,6 +550,8 @@ Hop_bind(Hop *h, PyObject *args, PyObject *kwds)
     }
     h->answers = (char)answers;
     h->max_frame = max_frame;
+    h->max_inflight = max_inflight;
+    h->kick_frames = kick_frames;
     h->kick_bytes = kick_bytes;
     Py_RETURN_NONE;
 }
@@ -523,8 +559,8 @@ Hop_bind(Hop *h, PyObject *args, PyObject *kwds)
 static PyObject *
 Hop_peer(Hop *h, PyObject *const *args, Py_ssize_t nargs)
 {
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "peer(write, is_closing)");
+    if (nargs != 2 || !PyCallable_Check(args[0]) || !PyCallable_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "peer(write, is_closing): two callables");
         return NULL;
     }
     Py_INCREF(args[0]);
@@ -573,8 +609,9 @@ static PyMethodDef Hop_methods[] = {
      "data_received(data): a read from this side (asyncio.Protocol)."},
     {"bind", (PyCFunction)(void (*)(void))Hop_bind, METH_VARARGS | METH_KEYWORDS,
      "bind(answers, max_frame, unsettled, apis, pending, checks, arrivals, unsettle, kick, "
-     "inflight, inflight_check, counters, scan, scanned, kick_bytes): what the short path "
-     "reads and writes (see kinspect.proxy.server.Connection)."},
+     "inflight, inflight_check, counters, scan, scanned, kick_frames, kick_bytes, "
+     "max_inflight): what the short path reads and writes (see "
+     "kinspect.proxy.server.Connection)."},
     {"peer", (PyCFunction)(void (*)(void))Hop_peer, METH_FASTCALL,
      "peer(write, is_closing): the other side's transport's methods."},
     {NULL}
@@ -598,7 +635,8 @@ static PyTypeObject Hop_Type = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "kinspect.proxy._frames",
-    "Frames read into their own bytes objects (see kinspect.proxy.server.CutThrough).", -1,
+    "Frames read into their own bytes objects (see kinspect.proxy.server.CutThrough), "
+    "and the short path of reads (Hop, Counters).", -1,
     NULL,
 };
 

@@ -1475,6 +1475,7 @@ class Connection:
         if self.client_hold and not self.client_tr.is_closing():
             self.client_hold = 0
             self.client_tr.resume_reading()
+            self._refresh_fast()  # (a hold for in-flight requests gone)
 
     def close(self, reason: str | None = None, level: int = logging.INFO) -> None:
         """End both sides: the broker connection is closed; the client gets what
@@ -1686,7 +1687,7 @@ def _bind_hop(side: Any, conn: "Connection", answers: bool) -> None:
               conn.unsettled, conn.apis, conn.tracker.pending, proxy._checks,
               proxy.arrivals, functools.partial(proxy._unsettle, conn), proxy.pipeline.kick,
               conn.tracker.inflight, conn._inflight_check, proxy.counters, _scan_clear,
-              _SCANNED, BATCH_KICK)
+              _SCANNED, getattr(proxy.pipeline, "batch_events", 256), BATCH_KICK, MAX_INFLIGHT)
 
 
 _HopBase: Any = _Hop if _Hop is not None else _NoHop
