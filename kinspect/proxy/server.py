@@ -11,8 +11,10 @@ decoding under load but never drops a frame.
 
 Reads: the event loop hands each side's reads over as ``bytes``
 (``data_received``); a read that is exactly one whole frame, with nothing under way
-and nothing to hold it for, is forwarded there and then, in a few Python calls
-(what a request's latency through the proxy is made of), and pairing it waits
+and nothing to hold it for, is forwarded there and then (what a request's latency
+through the proxy is made of): in C, by the side's protocol itself (its base class
+:class:`kinspect.proxy._frames.Hop`, see :meth:`Connection._refresh_fast`), or
+without the extension in a few Python calls; and pairing it waits
 (:meth:`Connection.settle`): until the pipeline's next batch, or until a frame takes
 the long path or a connection opens or closes, whichever comes first (frames of all
 connections are then paired in arrival order). A large frame gets a
