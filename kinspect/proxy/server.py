@@ -627,6 +627,8 @@ class Proxy:
         self.rewriter = AddressRewriter(self.codec.registry)
         self.pipeline = pipeline or Pipeline(self.codec)
         self.pipeline.attach(self)
+        #: (one bound method for every connection's hops)
+        self.pipeline_kick = self.pipeline.kick
         self.stats = Stats()
         self.listeners: dict[tuple[str, int], Listener] = {}
         self.connections: set[Connection] = set()
@@ -1036,7 +1038,7 @@ class Connection:
     __slots__ = ("proxy", "listener", "id", "client", "upstream_addr", "client_tr", "up_tr",
                  "req_cut", "resp_cut", "tracker", "closed", "_early", "client_hold",
                  "up_hold", "opened", "closed_ns", "draining", "unsettled", "apis", "simple",
-                 "half_closed", "client_side", "upstream_side", "__weakref__")
+                 "half_closed", "client_side", "upstream_side", "hop_calls", "__weakref__")
 
     def __init__(self, proxy: Proxy, listener: Listener, client_tr: asyncio.Transport):
         self.proxy = proxy
@@ -1080,6 +1082,8 @@ class Connection:
         #: the client's protocol (_ClientSide), which handles a read's later slices
         self.client_side: Any = None
         self.upstream_side: Any = None
+        #: what both sides' Hops call back (see _bind_hop)
+        self.hop_calls: tuple | None = None
 
     def _refresh_fast(self) -> None:
         """Let each side's reads take the short path in C (:class:`Hop
@@ -1645,9 +1649,10 @@ def _linger_over(proxy: Proxy, tr: asyncio.Transport) -> None:
 
 class _Slices:
     """For a side's protocol: the later slices of a read (``CutThrough.rest``),
-    handled by its ``_next_slice`` at later loop iterations."""
+    handled by its ``_next_slice`` at later loop iterations (``slice_due``: one is
+    scheduled)."""
 
-    slice_due = False  # _next_slice is scheduled
+    __slots__ = ()
 
     def slice_later(self) -> None:
         """Handle the next slice of the read at the next loop iteration (once)."""
@@ -1673,6 +1678,8 @@ class _NoHop:
     """Stands in for :class:`Hop <kinspect.proxy._frames.Hop>` without the C
     extension: the sides' ``data_received`` is then their Python ``_read``."""
 
+    __slots__ = ()
+
 
 def _bind_hop(side: Any, conn: "Connection", answers: bool) -> None:
     """Give a side's :class:`Hop <kinspect.proxy._frames.Hop>` what its short path
@@ -1685,11 +1692,14 @@ def _bind_hop(side: Any, conn: "Connection", answers: bool) -> None:
     proxy = conn.proxy
     cut = conn.resp_cut if answers else conn.req_cut
     cut.hop = side
+    if conn.hop_calls is None:  # (made once for both sides)
+        conn.hop_calls = (functools.partial(proxy._unsettle, conn), conn._inflight_check)
+    unsettle, inflight_check = conn.hop_calls
     side.bind(answers, cut.max_frame,
               conn.unsettled, conn.apis, conn.tracker.pending, proxy._checks,
-              proxy.arrivals, functools.partial(proxy._unsettle, conn), proxy.pipeline.kick,
-              conn.tracker.inflight, conn._inflight_check, proxy.counters, _scan_clear,
-              _SCANNED, getattr(proxy.pipeline, "batch_events", 256), BATCH_KICK, MAX_INFLIGHT)
+              proxy.arrivals, unsettle, proxy.pipeline_kick, conn.tracker.inflight,
+              inflight_check, proxy.counters, _scan_clear, _SCANNED,
+              getattr(proxy.pipeline, "batch_events", 256), BATCH_KICK, MAX_INFLIGHT)
 
 
 _HopBase: Any = _Hop if _Hop is not None else _NoHop
@@ -1702,12 +1712,16 @@ class _ClientSide(_HopBase, _Slices, asyncio.Protocol):
     the transport reads through :attr:`frame_side` (:class:`_FrameSide`) straight
     into that buffer, and comes back here when the frame is whole."""
 
+    __slots__ = ("proxy", "listener", "conn", "transport", "frame_side", "slice_due",
+                 "__weakref__")
+
     def __init__(self, proxy: Proxy, listener: Listener):
         self.proxy = proxy
         self.listener = listener
         self.conn: Connection | None = None
         self.transport: asyncio.Transport | None = None
         self.frame_side: _FrameSide | None = None
+        self.slice_due = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         proxy = self.proxy
@@ -1911,9 +1925,12 @@ class _FrameSide(asyncio.BufferedProtocol):
 class _UpstreamSide(_HopBase, _Slices, asyncio.Protocol):
     """Broker-facing half of a connection (reads as in :class:`_ClientSide`)."""
 
+    __slots__ = ("conn", "transport", "frame_side", "slice_due", "__weakref__")
+
     def __init__(self, conn: Connection):
         self.conn = conn
         self.transport: asyncio.Transport | None = None
+        self.slice_due = False
         self.frame_side = _FrameSide(self, conn, client=False)
         conn.upstream_side = self
         if _Hop is not None:
