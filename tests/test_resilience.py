@@ -3297,7 +3297,7 @@ def _c_hops():
     if server._Hop is None:
         if os.environ.get("KINSPECT_NATIVE", "").strip() == "0":
             pytest.skip("the C extensions are off (KINSPECT_NATIVE=0)")
-        raise AssertionError("kinspect.proxy._frames (ABI 2) is not built: the short path "
+        raise AssertionError("kinspect.proxy._frames (ABI 3) is not built: the short path "
                              "in C is missing (`pip install -e .` with a C compiler)")
     return server._Hop
 
@@ -3526,3 +3526,16 @@ def test_a_hop_is_bound_only_to_what_it_can_use():
     hop.bind(**args)
     with pytest.raises(TypeError):
         hop.peer(b"", lambda: False)
+
+
+def test_a_hop_bound_again_uses_the_checks_it_is_given():
+    """A request's answer check comes from the ``checks`` bound last, not from one
+    the hop kept from before (it keeps the last one it used)."""
+    kicks: list[int] = []
+    req, _ans, shared = _bound_hops(kicks)
+    req.data_received(struct.pack(">ihhi", 8, 18, 3, 1))
+    assert shared["apis"] == {1: None}
+    check, apis = (18, 3, None), {}
+    req.bind(**{**shared, "answers": False, "checks": {(18, 3): check}, "apis": apis})
+    req.data_received(struct.pack(">ihhi", 8, 18, 3, 2))
+    assert apis == {2: check} and apis[2] is check

@@ -23,7 +23,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#define FRAMES_ABI 2
+#define FRAMES_ABI 3
 
 typedef struct {
     PyObject_HEAD
@@ -307,19 +307,22 @@ request(Hop *h, PyObject *data, const unsigned char *p, Py_ssize_t n)
             return NULL;
         goto slow;
     }
+    Py_INCREF(chk);  /* (held from here: the lookups and the write may run any code) */
     PyObject *corr = PyLong_FromLong((int32_t)be32(p + 8));
-    if (corr == NULL)
+    if (corr == NULL) {
+        Py_DECREF(chk);
         return NULL;
+    }
     int taken = PyDict_Contains(h->apis, corr);
     if (taken == 0 && PyDict_GET_SIZE(h->pending))
         taken = PyDict_Contains(h->pending, corr);
     if (taken) {
+        Py_DECREF(chk);
         Py_DECREF(corr);
         if (taken < 0)
             return NULL;
         goto slow;  /* an id still waiting for its answer */
     }
-    Py_INCREF(chk);  /* (the write may run any code) */
     if (call_one(h->peer_write, data) < 0)
         goto fail;
     h->consumed += n;
@@ -535,6 +538,8 @@ Hop_bind(Hop *h, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_TypeError, "bind(): arrivals must be an iterator");
         return NULL;
     }
+    if (PyObject_Size(o[7]) < 0)  /* (inflight: asked its length at every request) */
+        return NULL;
     if (!PyCallable_Check(o[5]) || !PyCallable_Check(o[6]) || !PyCallable_Check(o[8]) ||
             (o[10] != Py_None && !PyCallable_Check(o[10]))) {
         PyErr_SetString(PyExc_TypeError,
@@ -548,6 +553,7 @@ Hop_bind(Hop *h, PyObject *args, PyObject *kwds)
         Py_INCREF(o[i]);
         Py_XSETREF(*to[i], o[i]);
     }
+    Py_CLEAR(h->last_check);  /* (an answer check of the checks bound before) */
     h->answers = (char)answers;
     h->max_frame = max_frame;
     h->max_inflight = max_inflight;

@@ -61,9 +61,9 @@ except ImportError:  # built without a C compiler: frames are read into bytearra
     _FrameBuffer = None
 try:  # the short path of reads in C (both sides' protocols derive from Hop)
     from ._frames import ABI as _FRAMES_ABI, Counters as _CCounters, Hop as _Hop
-except ImportError:  # (or an older build of _frames: the short path in Python)
+except ImportError:  # (or an older build of _frames, ABI < 3: the short path in Python)
     _FRAMES_ABI, _CCounters, _Hop = 0, None, None
-if _FRAMES_ABI < 2 or os.environ.get("KINSPECT_NATIVE", "").strip() == "0":
+if _FRAMES_ABI < 3 or os.environ.get("KINSPECT_NATIVE", "").strip() == "0":
     _CCounters = _Hop = None
 
 log = logging.getLogger("kinspect.proxy")
