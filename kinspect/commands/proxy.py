@@ -244,7 +244,8 @@ async def _workload_outcome(worker: asyncio.Future, now: asyncio.Event, *,
     (said on stderr) or was abandoned: a client call under way (a group join takes
     seconds) is waited for, said after ``grace`` seconds, up to ``timeout`` seconds or
     until ``now`` is set (Ctrl-C again); an abandoned workload's thread is a daemon
-    (:func:`_in_daemon_thread`), so it neither holds up the exit nor outlives it."""
+    (:func:`_in_daemon_thread`), so it neither holds up the exit nor outlives it, and
+    its kafka-python clients' logging is silenced from then on."""
     forced = asyncio.ensure_future(now.wait())
     try:
         await asyncio.wait({worker, forced}, timeout=grace, return_when=asyncio.FIRST_COMPLETED)
@@ -257,6 +258,10 @@ async def _workload_outcome(worker: asyncio.Future, now: asyncio.Event, *,
         forced.cancel()
     if not worker.done():
         print("kinspect demo: workload abandoned in the middle of a step", file=sys.stderr)
+        # its kafka-python clients, left running in their daemon thread, fail as the
+        # proxy closes their connections: their errors (tracebacks among them, from
+        # their own shutdown) would say nothing the line above does not
+        logging.getLogger("kafka").setLevel(logging.CRITICAL + 1)
         return None
     if worker.exception() is not None:
         print(f"kinspect demo: workload failed: {worker.exception()}", file=sys.stderr)
