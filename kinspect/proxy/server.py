@@ -41,6 +41,7 @@ import functools
 import heapq
 import itertools
 import logging
+import operator
 import os
 import socket
 import struct
@@ -189,6 +190,12 @@ def _new_counters() -> Any:
     return _CCounters() if _CCounters is not None else _PyCounters()
 
 
+def _counter(name: str, doc: str) -> property:
+    """A property reading and writing ``self.counters.<name>``."""
+    return property(operator.attrgetter("counters." + name),
+                    lambda self, n: setattr(self.counters, name, n), doc=doc)
+
+
 @dataclass
 class Stats:
     """Running totals (read by the live view). ``bytes_from_clients`` and
@@ -208,23 +215,8 @@ class Stats:
     started: float = field(default_factory=time.time)
     counters: Any = field(default_factory=_new_counters, repr=False, compare=False)
 
-    @property
-    def bytes_from_clients(self) -> int:
-        """Bytes read from clients."""
-        return self.counters.bytes_from_clients
-
-    @bytes_from_clients.setter
-    def bytes_from_clients(self, n: int) -> None:
-        self.counters.bytes_from_clients = n
-
-    @property
-    def bytes_from_brokers(self) -> int:
-        """Bytes read from brokers."""
-        return self.counters.bytes_from_brokers
-
-    @bytes_from_brokers.setter
-    def bytes_from_brokers(self, n: int) -> None:
-        self.counters.bytes_from_brokers = n
+    bytes_from_clients = _counter("bytes_from_clients", "Bytes read from clients.")
+    bytes_from_brokers = _counter("bytes_from_brokers", "Bytes read from brokers.")
 
 
 
@@ -327,14 +319,10 @@ class CutThrough:
 
     @property
     def consumed(self) -> int:
-        """Bytes fed so far, with those the side's C short path forwarded."""
+        """Bytes fed so far, with those the side's C short path forwarded (``_consumed``
+        counts the rest: what is fed is added there)."""
         hop = self.hop
         return self._consumed if hop is None else self._consumed + hop.consumed
-
-    @consumed.setter
-    def consumed(self, n: int) -> None:
-        hop = self.hop
-        self._consumed = n if hop is None else n - hop.consumed
 
     @property
     def buffered(self) -> int:
@@ -370,7 +358,7 @@ class CutThrough:
         a = self.fill
         b = self.fill = a + n
         self.left -= n
-        self.consumed += n
+        self._consumed += n
         self.unfilled.room += n
         ev = [] if self.hold else [(RAW, self.own_data[a:b], False)]
         if not self.left:
@@ -476,7 +464,7 @@ class CutThrough:
         if not self.left and not self.head and n >= 8:  # the common case: one whole frame
             size = _I(data, 0)[0]
             if size + 4 == n and 4 <= size <= self.max_frame:
-                self.consumed += n
+                self._consumed += n
                 if must_hold(_I(data, 4)[0]):
                     return [(END, data[4:], True)]
                 return [(RAW, data, False), (END, data[4:], False)]
@@ -517,7 +505,7 @@ class CutThrough:
                 self.rest = data[pos:]
                 self.left = 0
                 self.hold = False
-                self.consumed += pos
+                self._consumed += pos
                 return ev
             head = self.head
             hdr = head + bytes(mv[pos:pos + 8 - len(head)]) if head else bytes(mv[pos:pos + 8])
@@ -530,7 +518,7 @@ class CutThrough:
                                          offset=self.consumed + pos - len(head),
                                          expected="int32 frame size")
                     err.events = ev
-                    self.consumed += n
+                    self._consumed += n
                     # a frame starts here: nothing of one is under way (unsent())
                     self.left, self.hold, self.head = 0, False, b""
                     self.parts.clear()
@@ -573,7 +561,7 @@ class CutThrough:
             ev.append((RAW, data[run:] if run else data, False))
         self.left = left
         self.hold = hold
-        self.consumed += n
+        self._consumed += n
         return ev
 
 
@@ -662,23 +650,10 @@ class Proxy:
         self._request_mutator: Callable[[Flow, bytes], bytes | None] | None = None
         self._response_mutator: Callable[[Flow, bytes], bytes | None] | None = None
 
-    @property
-    def unsettled_frames(self) -> int:
-        """Frames forwarded on the short path and not paired yet (all connections)."""
-        return self.counters.unsettled_frames
-
-    @unsettled_frames.setter
-    def unsettled_frames(self, n: int) -> None:
-        self.counters.unsettled_frames = n
-
-    @property
-    def unsettled_bytes(self) -> int:
-        """Their bytes."""
-        return self.counters.unsettled_bytes
-
-    @unsettled_bytes.setter
-    def unsettled_bytes(self, n: int) -> None:
-        self.counters.unsettled_bytes = n
+    unsettled_frames = _counter(
+        "unsettled_frames", "Frames forwarded on the short path and not paired yet "
+        "(all connections).")
+    unsettled_bytes = _counter("unsettled_bytes", "Their bytes.")
 
     @property
     def request_mutator(self) -> Callable[[Flow, bytes], bytes | None] | None:
@@ -1791,7 +1766,7 @@ class _ClientSide(_HopBase, _Slices, asyncio.Protocol):
             size = _I(data, 0)[0]
             if size + 4 == n and size <= cut.max_frame:
                 conn.up_tr.write(data)
-                cut.consumed += n
+                cut._consumed += n
                 proxy = self.proxy
                 counters = proxy.counters
                 counters.bytes_from_clients += n
@@ -2004,7 +1979,7 @@ class _UpstreamSide(_HopBase, _Slices, asyncio.Protocol):
                             tr.write(data)
                         else:
                             tr.writelines((_SIZE(len(sent)), sent))
-                cut.consumed += n
+                cut._consumed += n
                 counters = proxy.counters
                 counters.bytes_from_brokers += n
                 unsettled = conn.unsettled
