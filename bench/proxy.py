@@ -172,6 +172,26 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def task_cpu_s(pids: list[int]) -> float:
+    """CPU seconds the live threads of ``pids`` have run so far (the sum of
+    ``/proc/<pid>/task/<tid>/schedstat``, nanoseconds: fine enough for a burst of a
+    tenth of a second, where ``/proc/<pid>/stat`` counts 10 ms ticks); 0 for a
+    process that has exited."""
+    total = 0
+    for p in pids:
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                with open(f"/proc/{p}/task/{t}/schedstat") as fh:
+                    total += int(fh.read().split()[0])
+            except (OSError, ValueError, IndexError):  # exited meanwhile
+                continue
+    return total / 1e9
+
+
 def _children(pid: int) -> list[int]:
     out = []
     try:
@@ -803,11 +823,13 @@ def _measure_memory(mode: str, args: argparse.Namespace, workdir: Path) -> dict[
 # ---------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _every_mode_at_once(modes: list[str], topic: str, workdir: Path) -> Iterator[dict[str, Any]]:
+def _every_mode_at_once(modes: list[str], topic: str, workdir: Path,
+                        pids: dict[str, int] | None = None) -> Iterator[dict[str, Any]]:
     """Every mode set up at once (each with its own fresh broker, as in the rounds),
     ``topic`` created (one partition) and one confluent-kafka producer per mode
     (``acks=1``, ``linger.ms=5``): yields ``{mode: producer}`` in the order given,
-    and stops every broker and proxy on the way out."""
+    and stops every broker and proxy on the way out. ``pids``, when given, gets each
+    proxy mode's process id."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -816,6 +838,8 @@ def _every_mode_at_once(modes: list[str], topic: str, workdir: Path) -> Iterator
     try:
         for m in modes:
             setups[m] = Setup(m, workdir)
+            if pids is not None and setups[m].proxy is not None:
+                pids[m] = setups[m].proxy.pid
         for m, s in setups.items():
             common = {"bootstrap.servers": s.bootstrap, "client.id": "kinspect-bench"}
             admin = AdminClient(common)
@@ -891,21 +915,41 @@ def _interleaved_throughput(modes: list[str], turns: int, burst: int, workdir: P
     fraction of a second apart. Returns, per mode: MB/s of the median burst, the machine's busy CPU
     seconds per burst (median; from /proc/stat, every process), and for every mode
     but direct the median over turns of its throughput divided by direct's in the
-    same turn."""
+    same turn. For each proxy, its own CPU seconds per burst (median): the proxy
+    process's threads from the first ``produce()`` to the end of ``flush()``
+    (``proxy_cpu_s``; what its pipeline does after that for the burst's last flows is
+    not counted), and its child processes' (kinspect-full's capture) from the start
+    of the burst to the start of the mode's next one, or to half a second after the
+    last turn (``child_cpu_s``: the child goes on writing lines after the burst)."""
     failed: list[str] = []
 
     def on_delivery(err: Any, _msg: Any) -> None:
         if err is not None:
             failed.append(str(err))
 
-    with _every_mode_at_once(modes, "bench-bursts", workdir) as producers:
+    pids: dict[str, int] = {}
+    with _every_mode_at_once(modes, "bench-bursts", workdir, pids) as producers:
         value = os.urandom(LARGE)
         names = list(producers)
         seconds: dict[str, list[float]] = {m: [] for m in names}
         busy: dict[str, list[float]] = {m: [] for m in names}
+        own: dict[str, list[float]] = {m: [] for m in pids}
+        kids: dict[str, list[float]] = {m: [] for m in pids}
+        kids_from: dict[str, float] = {}  # a child's CPU at the start of its last burst
+
+        def kids_cpu(m: str) -> float:
+            return task_cpu_s(_children(pids[m]))
+
         for i, order in enumerate(_turns(names, turns + 1, seed)):  # (turn 0 warms up)
             for m in order:
                 p = producers[m]
+                if m in pids:
+                    k0 = kids_cpu(m)
+                    if m in kids_from:  # (the burst before: from the warm-up's on)
+                        if i > 1:
+                            kids[m].append(k0 - kids_from[m])
+                    kids_from[m] = k0
+                    own0 = task_cpu_s([pids[m]])
                 busy0 = _machine_busy_s()
                 t0 = time.perf_counter()
                 for _ in range(burst):
@@ -918,18 +962,27 @@ def _interleaved_throughput(modes: list[str], turns: int, burst: int, workdir: P
                 left = p.flush(120)
                 t1 = time.perf_counter()
                 busy1 = _machine_busy_s()
+                if m in pids and i:
+                    own[m].append(task_cpu_s([pids[m]]) - own0)
                 if left or failed:
                     raise RuntimeError(f"{m}: burst not delivered ({left} left, {failed[:3]})")
                 if i:
                     seconds[m].append(t1 - t0)
                     if busy0 is not None and busy1 is not None:
                         busy[m].append(busy1 - busy0)
+        if turns:
+            time.sleep(0.5)  # (the last bursts' capture lines)
+            for m, k0 in kids_from.items():
+                kids[m].append(kids_cpu(m) - k0)
     out: dict[str, dict[str, float]] = {}
     direct = seconds.get("direct")
     for m, v in seconds.items():
         out[m] = {"mb_s": burst * LARGE / statistics.median(v) / 1e6, "n": len(v)}
         if busy[m]:
             out[m]["machine_cpu_s"] = statistics.median(busy[m])
+        if own.get(m):
+            out[m]["proxy_cpu_s"] = statistics.median(own[m])
+            out[m]["child_cpu_s"] = statistics.median(kids[m])
         if direct is not None and m != "direct":
             # throughput ratio = direct's time / this mode's time, turn by turn
             out[m]["ratio"] = statistics.median(a / b for a, b in zip(direct, v))
@@ -1147,9 +1200,13 @@ def report(data: dict[str, Any]) -> str:
                f"direct's in the same turn; the table gives medians over the runs and "
                f"the range of the ratios. Machine CPU: the CPU seconds every process "
                f"on the machine was busy for during a burst (median of the turns, "
-               f"10 ms ticks), per MB.",
+               f"10 ms ticks), per MB. Proxy CPU: the proxy process's own, all its "
+               f"threads, during a burst; its child's (kinspect's capture process) from "
+               f"the start of a burst to the start of the mode's next one (it writes "
+               f"its lines after the burst); medians over the turns, then over the "
+               f"runs, per MB (nanoseconds, from /proc/PID/task/TID/schedstat).",
                ["mode", "MB/s", "×direct, paired by turn (lowest–highest run)",
-                "machine CPU ms per MB"])
+                "machine CPU ms per MB", "proxy CPU ms per MB (+ child)"])
         for m in runs[0]:
             rs = [r[m] for r in runs if m in r]
             ratios = [r["ratio"] for r in rs if "ratio" in r]
@@ -1157,8 +1214,16 @@ def report(data: dict[str, Any]) -> str:
                      if ratios else "×1.00" if m == "direct" else "-")
             cpus = [r["machine_cpu_s"] for r in rs if "machine_cpu_s" in r]
             cpu = f"{statistics.median(cpus) / burst_mb * 1000:.2f}" if cpus else "-"
+            owns = [r["proxy_cpu_s"] for r in rs if "proxy_cpu_s" in r]
+            kid = [r["child_cpu_s"] for r in rs if "child_cpu_s" in r]
+            proxy = "-"
+            if owns:
+                proxy = f"{statistics.median(owns) / burst_mb * 1000:.2f}"
+                k = statistics.median(kid) / burst_mb * 1000 if kid else 0.0
+                if k >= 0.005:
+                    proxy += f" (+ {k:.2f})"
             lines.append(f"| {m} | {statistics.median(r['mb_s'] for r in rs):.1f} | {ratio} | "
-                         f"{cpu} |")
+                         f"{cpu} | {proxy} |")
         _twin_lines(lines, runs, "ratio", "Each mode's ratio to direct minus its twin's, run "
                     "by run", "{:+.3f}")
     if data.get("memory"):
