@@ -56,7 +56,9 @@ warm-up, each producing one burst of ``--burst`` messages through every mode in
 turn (one mode busy at a time, in a random order as above), so that each mode's
 bursts meet the machine state its neighbours met a fraction of a second before;
 each mode's throughput is divided by direct's turn by turn, and the CPU the whole
-machine was busy for during each burst (``/proc/stat``) is reported per MB. The
+machine was busy for during each burst (``/proc/stat``) is reported per MB, as is
+each proxy's own (its process's threads during the burst, and its capture child's
+until the mode's next burst: ``schedstat``, see :func:`_interleaved_throughput`). The
 rounds above pair modes half a minute apart, which on a shared virtual machine
 moves a round's ratio by tens of percent; this pairing moves a run's ratio by a
 few.
