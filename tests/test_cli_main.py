@@ -361,6 +361,61 @@ def test_replay_checks_its_report_path_before_replaying(tmp_path):
         assert "Errno" not in proc.stderr, proc.stderr
 
 
+_READ_CAPTURES = [  # (commands that read a capture, rotated parts and all)
+    ["decode", "--jsonl", "{cap}", "-o", "{out}"],
+    ["encode", "--jsonl", "{cap}", "-o", "{out}"],
+    ["export", "{cap}", "--pcapng", "{out}"],
+    ["replay", "{cap}", "--upstream", "127.0.0.1:1", "--report", "{out}"],
+    ["analyze", "--engine", "python", "{cap}", "--out", "{tables}", "--report", "{out}"],
+    ["analyze", "--engine", "python", "{dir}", "--out", "{tables}", "--report", "{out}"],
+]
+_OUTPUTS = ["same", "dotted", "hard link", "symbolic link"]
+
+
+@pytest.mark.parametrize("argv, out", [
+    *[(argv, out) for argv in _READ_CAPTURES for out in [*_OUTPUTS, "rotated part"]],
+    *[(["decode", "{cap}", "-o", "{out}"], out) for out in _OUTPUTS],  # (one frame's file)
+])
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(argv, out, tmp_path):
+    """An output file naming the command's input (by another spelling, a link, or a
+    rotated part the reader follows) is refused before anything is read or written,
+    as tshark refuses ``-w`` naming its ``-r`` file: the input stays as it was.
+    (``decode --jsonl X -o X`` used to empty X and report success.)"""
+    cap = tmp_path / "cap.jsonl"
+    cap.write_bytes(EXAMPLE.read_bytes())
+    part = tmp_path / "cap.1.jsonl"
+    if out == "rotated part":  # (a part of its own capture: the readers follow it)
+        part.write_bytes(EXAMPLE.read_bytes())
+    target = {"same": cap, "dotted": tmp_path / "." / "cap.jsonl",
+              "hard link": tmp_path / "hard.jsonl", "symbolic link": tmp_path / "soft.jsonl",
+              "rotated part": part}[out]
+    if out == "hard link":
+        (tmp_path / "hard.jsonl").hardlink_to(cap)
+    elif out == "symbolic link":
+        (tmp_path / "soft.jsonl").symlink_to(cap)
+    before = {p: p.read_bytes() for p in (cap, part) if p.exists()}
+    args = [a.format(cap=cap, out=target, tables=tmp_path / "tables", dir=tmp_path)
+            for a in argv]
+    proc = run(*args)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    assert f"{target}: is an input of this command" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (tmp_path / "tables").exists()  # (refused before the job ran)
+
+
+def test_an_output_beside_its_input_is_written(tmp_path):
+    """The check above refuses the input only: an output next to it, in the same
+    directory and named like it, is written as before."""
+    cap = tmp_path / "cap.jsonl"
+    cap.write_bytes(EXAMPLE.read_bytes())
+    proc = run("decode", "--jsonl", str(cap), "-o", str(tmp_path / "cap.decoded.jsonl"))
+    assert proc.returncode == 0, proc.stderr
+    assert cap.read_bytes() == EXAMPLE.read_bytes()
+    lines = (tmp_path / "cap.decoded.jsonl").read_text().splitlines()
+    assert len(lines) == len(EXAMPLE.read_text().splitlines())
+
+
 def test_a_listen_address_in_use_is_named_in_the_error():
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))

@@ -6,7 +6,11 @@ Shared option helpers live here.
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import re
+from collections.abc import Iterable
+from pathlib import Path
 
 
 def add_spec_options(p: argparse.ArgumentParser) -> None:
@@ -104,9 +108,6 @@ def check_capture_found(path: str) -> None:
     """Raise :class:`FileNotFoundError` saying "did you mean captures/NAME?" when the
     capture ``path`` (a bare name) does not exist but ``captures/NAME`` does: where
     ``--capture NAME`` wrote it. Otherwise nothing (the reader reports what is wrong)."""
-    import errno
-    import os
-
     from ..capture import resolve_capture_path
 
     there = resolve_capture_path(path)
@@ -118,9 +119,6 @@ def check_writable(path: str) -> None:
     """Raise :class:`OSError` now if ``path`` cannot be written later: a directory,
     in a directory that does not exist, an existing file that is not writable, or a
     new file in a directory that is not (the file itself is written at the end)."""
-    import errno
-    import os
-
     if os.path.isdir(path):
         raise IsADirectoryError(errno.EISDIR, "is a directory, not a report file", path)
     parent = os.path.dirname(path) or "."
@@ -129,6 +127,41 @@ def check_writable(path: str) -> None:
     # (an existing file needs only its own permission: e.g. /dev/null as a non-root user)
     if not os.access(path if os.path.exists(path) else parent, os.W_OK):
         raise PermissionError(errno.EACCES, "cannot write the report", path)
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether the paths ``a`` and ``b`` name the same file: the same file on disk
+    when both exist (links followed, hard links too: ``os.path.samefile``), else the
+    same absolute path once symbolic links are resolved."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def check_not_input(output: str | None, inputs: Iterable[str | None], *,
+                    parts: bool = False) -> None:
+    """Refuse an output file that is one of the command's inputs, before anything is
+    read or written: writing it would destroy the input (as tshark refuses ``-w``
+    naming the file ``-r`` reads). ``-`` (stdout, stdin) and ``None`` are never files.
+    With ``parts``, the inputs are captures and their rotated parts count too
+    (``cap.1.jsonl``..., as the readers follow them).
+
+    Raises:
+        OSError: ``EINVAL``, naming ``output`` and the input it is.
+    """
+    if output is None or output == "-":
+        return
+    from ..capture import capture_parts
+
+    for given in inputs:
+        if given is None or given == "-":
+            continue
+        for path in capture_parts(given) if parts else [Path(given)]:
+            if same_file(output, path):
+                which = "" if str(path) == output else f" ({path})"
+                raise OSError(errno.EINVAL, f"is an input of this command{which}: writing "
+                              f"there would destroy it", output)
 
 
 def capture_path(text: str) -> str:

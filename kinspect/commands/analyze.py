@@ -9,10 +9,11 @@ HTML report. See :mod:`kinspect.analysis.job`.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
-from . import add_spec_options
+from . import add_spec_options, check_not_input
 
 
 def add_arguments(p: argparse.ArgumentParser, *, master_default: str | None = "local[*]") -> None:
@@ -46,6 +47,21 @@ def add_arguments(p: argparse.ArgumentParser, *, master_default: str | None = "l
     add_spec_options(p)
 
 
+def _local_captures(paths: list[str]) -> list[str]:
+    """The capture files the job reads of ``paths`` on this machine: files as given,
+    the ``.jsonl``/``.jsonl.gz`` files of directories (URIs left out)."""
+    out = []
+    for p in paths:
+        if "://" in p:
+            continue
+        if os.path.isdir(p):
+            out += sorted(str(x) for x in Path(p).iterdir()
+                          if x.name.endswith((".jsonl", ".jsonl.gz")))
+        else:
+            out.append(p)
+    return out
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "analyze", help="analyse captures with PySpark: Parquet tables, summary, HTML report",
@@ -62,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     out = Path(args.out)
+    if args.report:  # (the default, OUT/report.html, is beside the tables)
+        check_not_input(args.report, _local_captures(args.captures), parts=True)
     conf = {}
     for item in args.conf:
         k, sep, v = item.partition("=")

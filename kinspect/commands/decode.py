@@ -51,7 +51,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from . import add_spec_options, make_codec, plain_help
+from . import add_spec_options, check_not_input, make_codec, plain_help
 
 _SIZE = struct.Struct(">i")
 
@@ -289,6 +289,14 @@ def _struct_tree(node: Any, s: Any) -> None:
 # decode
 
 
+def _check_output(args: argparse.Namespace, files: list[str | None]) -> None:
+    """Refuse ``-o`` naming an input: the frame files, or the ``--jsonl`` capture
+    and its rotated parts (the output is opened before the batch is read: it would
+    be emptied first). Raises OSError (see :func:`check_not_input`)."""
+    check_not_input(args.output, files)
+    check_not_input(args.output, [args.jsonl], parts=True)
+
+
 def _open_out(path: str, binary: bool = False):
     if path == "-":
         return sys.stdout.buffer if binary else sys.stdout
@@ -313,6 +321,7 @@ def _error_text(e: Exception) -> str:
 def run_decode(args: argparse.Namespace) -> int:
     from ..codec import DecodeError
 
+    _check_output(args, [args.file, args.request])
     codec = make_codec(args)
     if args.jsonl:
         return _decode_jsonl(codec, args)
@@ -574,6 +583,7 @@ def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
 def run_encode(args: argparse.Namespace) -> int:
     from ..codec import EncodeError
 
+    _check_output(args, [args.file])
     codec = make_codec(args)
     if args.jsonl:
         return _encode_jsonl(codec, args)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from . import add_spec_options, api_names, check_capture_found, make_codec, plain_help
+from . import (add_spec_options, api_names, check_capture_found, check_not_input, make_codec,
+               plain_help)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from ..filters import parse
 
     check_capture_found(args.capture)
+    check_not_input(args.pcapng, [args.capture], parts=True)
     codec = make_codec(args)
     flt = parse(args.filter, api_names(codec)) if args.filter else None
     cap = load_capture(args.capture, codec, decode=flt is not None)

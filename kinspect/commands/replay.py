@@ -32,6 +32,7 @@ from . import (
     api_names,
     capture_path,
     check_capture_found,
+    check_not_input,
     check_writable,
     hostport,
     make_codec,
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
     flt = parse(args.filter, api_names(codec)) if args.filter else None
     if args.report:
         check_writable(args.report)  # before the replay, not after it has run
+        check_not_input(args.report, [args.capture], parts=True)
     check_capture_found(args.capture)
     flows = load_flows(args.capture, codec)
     select = None
