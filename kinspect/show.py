@@ -568,6 +568,25 @@ def _prim(t: str, v: Any, limit: int | None) -> str:
     return str(v)
 
 
+def message_nodes(node: Tree, msg: Any, limit: int | None = 64,
+                  topic_ids: TopicIds | None = None, api_version: int | None = None) -> bool:
+    """Add a decoded message's header and body under ``node`` (``kinspect show
+    --flow`` and ``kinspect decode --format tree``): each struct's fields that exist
+    at its version (the header's at the header version, the body's at the version
+    it was decoded as), record batches decoded; ``limit`` caps rendered bytes (see
+    :func:`~kinspect.codec.records.render_bytes`). Returns whether there was a body."""
+    hv = getattr(msg, "header_version", None)
+    if getattr(msg, "header", None) is not None:
+        _struct_tree(node.add(Text(f"header v{hv}", style="bold")), msg.header, limit,
+                     topic_ids, hv)
+    if getattr(msg, "body", None) is None:
+        return False
+    bv = getattr(msg, "body_version", api_version if api_version is not None
+                  else getattr(msg, "api_version", None))
+    _struct_tree(node.add(Text(f"body v{bv}", style="bold")), msg.body, limit, topic_ids, bv)
+    return True
+
+
 def _struct_tree(node: Tree, s: Any, limit: int | None, topic_ids: TopicIds | None,
                  version: int | None, topic: str | None = None) -> None:
     """Add the fields of ``s`` that exist at ``version`` (all when ``None``)."""
@@ -723,15 +742,7 @@ def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
         if msg is None:
             node.add(Text("raw: " + render_bytes(frame, limit)))
             continue
-        hv = getattr(msg, "header_version", None)
-        if getattr(msg, "header", None) is not None:
-            _struct_tree(node.add(Text(f"header v{hv}", style="bold")), msg.header, limit,
-                         topic_ids, hv)
-        if getattr(msg, "body", None) is not None:
-            bv = getattr(msg, "body_version", flow.api_version)
-            _struct_tree(node.add(Text(f"body v{bv}", style="bold")), msg.body, limit,
-                         topic_ids, bv)
-        else:
+        if not message_nodes(node, msg, limit, topic_ids, flow.api_version):
             node.add(Text("body not decoded; raw: " + render_bytes(frame, limit)))
     if codec is None and (flow.request_sent is not None or flow.response_sent is not None):
         codec = Codec()

@@ -139,8 +139,19 @@ def test_tree_format(tmp_path, capsys):
                  "--api-version", "12", "--format", "tree"]) == 0
     out = capsys.readouterr().out
     assert "Response Metadata v12" in out and "correlation id 11" in out
-    assert "Topics [1]" in out and "Name = 'orders'" in out and "Port = 9092" in out
-    assert "TopicId = AQEBAQEBAQEBAQEBAQEBAQ" in out  # Kafka's text form of the uuid
+    assert "Topics [1]" in out and "Name: 'orders'" in out and "Port: 9092" in out
+    assert "TopicId: AQEBAQEBAQEBAQEBAQEBAQ" in out  # Kafka's text form of the uuid
+    # only the fields of v12: ClusterAuthorizedOperations is in v8-v10 only, the
+    # top-level ErrorCode from v13 on (the tree walked every field of the spec)
+    assert "ClusterAuthorizedOperations" not in out
+    assert "\n    ├── ErrorCode" not in out and "TopicAuthorizedOperations" in out
+    req, _ = _metadata_pair()
+    (tmp_path / "req.bin").write_bytes(req)
+    assert main(["decode", str(tmp_path / "req.bin"), "--format", "tree"]) == 0
+    out = capsys.readouterr().out
+    assert "Request Metadata v12" in out and "ClientId: 'cli-test'" in out
+    assert "IncludeClusterAuthorizedOperations" not in out  # (v8-v10)
+    assert "IncludeTopicAuthorizedOperations: false" in out
 
 
 def test_decode_error_prints_path_and_offset(tmp_path):

@@ -236,53 +236,19 @@ def encode_message(codec: Any, msg: Any) -> bytes:
 
 
 def _tree(msg: Any):
+    """``--format tree``: a title line, then the message's header and body as
+    ``kinspect show --flow`` draws them (fields of their versions only, record
+    batches decoded, bytes cut at 64)."""
+    from rich.text import Text
     from rich.tree import Tree
 
+    from ..show import message_nodes
+
     kind = "Request" if msg.__class__.__name__ == "Request" else "Response"
-    root = Tree(f"[bold]{kind}[/] {msg.api_name} v{msg.api_version} "
-                f"(api key {msg.api_key}, correlation id {msg.correlation_id})")
-    if msg.header is not None:
-        _struct_tree(root.add(f"header v{msg.header_version}"), msg.header)
-    if msg.body is not None:
-        bv = getattr(msg, "body_version", msg.api_version)
-        _struct_tree(root.add("body" + (f" (decoded as v{bv})" if bv != msg.api_version else "")),
-                     msg.body)
+    root = Tree(Text.assemble((f"{kind} {msg.api_name} v{msg.api_version}", "bold"),
+                              f" (api key {msg.api_key}, correlation id {msg.correlation_id})"))
+    message_nodes(root, msg, 64, None, msg.api_version)
     return root
-
-
-def _leaf(f: Any, v: Any) -> str:
-    from rich.markup import escape
-
-    if v is None:
-        return "null"
-    t = f.element_type
-    if t in ("bytes", "records"):
-        raw = bytes(v)
-        more = f" … ({len(raw)} bytes)" if len(raw) > 32 else f" ({len(raw)} bytes)"
-        return raw[:32].hex(" ") + more if raw else "(empty)"
-    if t == "uuid":
-        from ..codec.spec import uuid_to_text
-
-        return uuid_to_text(v)
-    return escape(repr(v))
-
-
-def _struct_tree(node: Any, s: Any) -> None:
-    for f in s._spec.fields:
-        v = getattr(s, f.name)
-        if f.struct is not None and v is not None:
-            if f.is_array:
-                child = node.add(f"{f.name} [{len(v)}]")
-                for i, x in enumerate(v):
-                    _struct_tree(child.add(f"[{i}]"), x)
-            else:
-                _struct_tree(node.add(f.name), v)
-        elif f.is_array and v is not None:
-            node.add(f"{f.name} = [{', '.join(_leaf(f, x) for x in v)}]")
-        else:
-            node.add(f"{f.name} = {_leaf(f, v)}")
-    for tag, raw in (s._unknown or {}).items():
-        node.add(f"[yellow]unknown tag {tag}[/] = {bytes(raw).hex(' ') or '(empty)'}")
 
 
 # ---------------------------------------------------------------------------
