@@ -80,7 +80,7 @@ def run_single(capture: Path, out: Path, what_if: bool) -> float:
 
 
 def run_spark(master: str, small: Path, capture: Path, out: Path, what_if: bool) -> float:
-    from kinspect.analysis.job import build_session, run_job
+    from kinspect.analysis.job import build_session, run_job, stop_session
 
     spark = build_session(master)
     try:
@@ -89,7 +89,7 @@ def run_spark(master: str, small: Path, capture: Path, out: Path, what_if: bool)
         run_job(spark, [str(capture)], out / "run", what_if=what_if)
         return time.perf_counter() - t0
     finally:
-        spark.stop()
+        stop_session(spark)
 
 
 def main(argv: list[str] | None = None) -> int:

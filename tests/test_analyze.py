@@ -9,14 +9,17 @@ One SparkSession and one recorded capture serve the whole module.
 from __future__ import annotations
 
 import base64
+import contextlib
 import gzip
 import json
 import math
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from kinspect.analysis.job import (
     run_job,
     ship_specs,
     spec_info,
+    stop_session,
 )
 from kinspect.analysis.sample import record_sample
 from kinspect.capture import CaptureWarning
@@ -60,7 +64,7 @@ def spark():
     try:
         yield session
     finally:
-        session.stop()
+        stop_session(session)  # (and its JVM, before pytest ends)
 
 
 @pytest.fixture(scope="module")
@@ -304,6 +308,50 @@ def test_cli_spark_engine_on_a_running_session(spark, sample, ref, tmp_path, cap
     assert len(flows) == len([f for f in ref["flows"] if f["capture"] == "a.jsonl"])
     assert not (out / "what_if").exists()
     assert (tmp_path / "r.html").exists()
+
+
+def _processes_with(marker: str) -> list[str]:
+    """``"PID: command line"`` of the running processes whose environment holds
+    ``marker`` (a variable every descendant of a process inherits; from /proc)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if marker.encode() not in fh.read():
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        except OSError:  # (ended meanwhile, or not ours to read)
+            continue
+        found.append(f"{pid}: {cmd[:300]}")
+    return found
+
+
+def test_cli_stops_the_jvm_it_started_before_it_exits(sample, tmp_path):
+    """``kinspect analyze`` with Spark ends its JVM before it exits: the JVM of a
+    session it built is waited for (``spark.stop()`` alone left it running, orphaned,
+    until it noticed its parent was gone, a second or two later)."""
+    _, caps = sample
+    marker = f"kinspect-test-{os.getpid()}-{time.monotonic_ns()}"
+    # output to a file, not a pipe: the JVM holds the pipe too, and reading a pipe to
+    # its end would wait for the JVM as well
+    with open(tmp_path / "stderr", "w+") as err:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kinspect", "analyze", str(caps / "a.jsonl"), "--out",
+             str(tmp_path / "out"), "--master", "local[1]", "--no-what-if", "--quiet"],
+            stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, timeout=600,
+            check=False, cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO), "KINSPECT_TEST_MARKER": marker})
+        left = _processes_with(marker)
+        for line in left:  # (every process a test starts, it stops)
+            with contextlib.suppress(OSError):
+                os.kill(int(line.split(":")[0]), signal.SIGKILL)
+        err.seek(0)
+        assert proc.returncode == 0, err.read()[-3000:]
+    assert len(parquet_rows(tmp_path / "out", "flows")) > 0
+    assert not left, left
 
 
 @pytest.mark.slow

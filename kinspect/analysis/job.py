@@ -50,6 +50,7 @@ import io
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 if __name__ == "__main__":  # run as a script: its own directory must not shadow modules
@@ -201,6 +202,37 @@ def build_session(master: str | None = "local[*]", *, app_name: str = "kinspect-
     spark = b.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def stop_session(spark: Any, timeout: float = 30.0) -> None:
+    """Stop ``spark`` and the JVM this process launched for it, and wait for that JVM
+    to exit: ``spark.stop()`` alone leaves the JVM running until this process exits
+    (it ends when its stdin pipe closes), so a command would end with its JVM still
+    alive, reparented to init. A JVM that does not exit within ``timeout`` seconds
+    is killed. A gateway this process did not launch (``spark-submit`` runs the
+    driver inside its JVM) is left alone. A later session launches a JVM of its own.
+    """
+    from pyspark import SparkContext
+
+    spark.stop()
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)
+    if proc is None:
+        return
+    with SparkContext._lock:
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+    try:
+        gateway.shutdown()
+    except Exception:  # noqa: BLE001 - py4j's own clean-up: the JVM is ended below
+        pass
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()  # (the JVM's signal to exit)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _zip_dir(src: Path, workdir: Path, stem: str, *, root: str = "",

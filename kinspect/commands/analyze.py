@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         from pyspark.errors import PySparkException
         from pyspark.sql import SparkSession
 
-        from ..analysis.job import build_session, run_job
+        from ..analysis.job import build_session, run_job, stop_session
         from ..codec.errors import KinspectError
 
         existing = SparkSession.getActiveSession()
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
                              console=None if args.quiet else console)
         finally:
             if existing is None:  # a session someone else runs is theirs to stop
-                spark.stop()
+                stop_session(spark)
     if not args.quiet:
         print_summary(Console(), result)
     if args.report is not None:
