@@ -571,3 +571,30 @@ def test_jsonl_follows_the_rotated_parts_of_a_capture(tmp_path, capsys):
     assert out[1]["decoded"]["api"] == "Metadata" and out[2]["part"] == 1
     assert out[3]["file"] == str(tmp_path / "cap.1.jsonl") and out[3]["line"] == 2
     assert out[4]["decoded"]["type"] == "response"  # paired with part 0's request
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["decode", "{frame}", "--jsonl", "{cap}"], "a frame file"),
+    (["decode", "--jsonl", "{cap}", "--format", "tree"], "argument --format"),
+    (["decode", "--jsonl", "{cap}", "--api-key", "Metadata"], "argument --api-key"),
+    (["decode", "--jsonl", "{cap}", "--api-version", "12"], "argument --api-version"),
+    (["decode", "--jsonl", "{cap}", "--request", "{frame}"], "argument --request"),
+    (["decode", "--jsonl", "{cap}", "--response"], "argument --response"),
+    (["decode", "--jsonl", "{cap}", "--hex"], "argument --hex"),
+    (["decode", "--jsonl", "{cap}", "--size-prefix", "no"], "argument --size-prefix"),
+    (["encode", "{frame}", "--jsonl", "{cap}"], "a frame file"),
+    (["encode", "--jsonl", "{cap}", "--base64"], "argument --base64"),
+    (["encode", "--jsonl", "{cap}", "--size-prefix"], "argument --size-prefix"),
+])
+def test_options_of_one_frame_are_refused_with_a_batch(argv, option, tmp_path, capsys):
+    """``--jsonl`` decodes (encodes) a batch whose lines say what their frames are:
+    an option about one frame given with it is a usage error naming it, not silently
+    ignored (``decode FILE --format tree --jsonl CAP`` ran the batch and exited 0)."""
+    req, _ = _metadata_pair()
+    frame = _write(tmp_path / "f.bin", req)
+    cap = Path(__file__).resolve().parents[1] / "captures" / "example.jsonl"
+    with pytest.raises(SystemExit) as e:
+        main([a.format(frame=frame, cap=cap) for a in argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{option}: not allowed with argument --jsonl" in err, err

@@ -71,7 +71,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the request frame a response answers (read like the input)")
     d.add_argument("--response", action="store_true",
                    help="the frame is a response (implied by --api-key or --request)")
-    d.set_defaults(func=run_decode)
+    d.set_defaults(func=run_decode, usage_error=d.error)
 
     e = sub.add_parser("encode", help="encode decoded JSON (or a decoded JSONL batch) back "
                                       "to frame bytes",
@@ -89,7 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     e.add_argument("--size-prefix", action="store_true",
                    help="prepend the 4-byte size prefix of the wire")
     e.add_argument("-o", "--output", default="-", help="output file (default: stdout)")
-    e.set_defaults(func=run_encode)
+    e.set_defaults(func=run_encode, usage_error=e.error)
 
 
 def _input_options(p: argparse.ArgumentParser) -> None:
@@ -255,6 +255,30 @@ def _tree(msg: Any):
 # decode
 
 
+#: options of one frame that a batch (--jsonl) would ignore: (attribute, option, default)
+_ONE_FRAME = {
+    "decode": [("file", "FILE", "-"), ("format", "--format", "json"), ("hex", "--hex", False),
+               ("base64", "--base64", False), ("size_prefix", "--size-prefix", "auto"),
+               ("api_key", "--api-key", None), ("api_version", "--api-version", None),
+               ("request", "--request", None), ("response", "--response", False)],
+    "encode": [("file", "FILE", "-"), ("hex", "--hex", False), ("base64", "--base64", False),
+               ("size_prefix", "--size-prefix", False)],
+}
+
+
+def _check_batch(args: argparse.Namespace, verb: str) -> None:
+    """A usage error for an option of one frame given with ``--jsonl``, which would
+    ignore it (each line says what its frame is; the output is JSON Lines)."""
+    if not args.jsonl:
+        return
+    given = [option for name, option, default in _ONE_FRAME[verb]
+             if getattr(args, name, default) != default]
+    if given:
+        what = "a frame file" if given[0] == "FILE" else f"argument {given[0]}"
+        args.usage_error(f"{what}: not allowed with argument --jsonl (a batch: each line "
+                         f"says what its frame is, and the output is JSON Lines)")
+
+
 def _check_output(args: argparse.Namespace, files: list[str | None]) -> None:
     """Refuse ``-o`` naming an input: the frame files, or the ``--jsonl`` capture
     and its rotated parts (the output is opened before the batch is read: it would
@@ -287,6 +311,7 @@ def _error_text(e: Exception) -> str:
 def run_decode(args: argparse.Namespace) -> int:
     from ..codec import DecodeError
 
+    _check_batch(args, "decode")
     _check_output(args, [args.file, args.request])
     codec = make_codec(args)
     if args.jsonl:
@@ -549,6 +574,7 @@ def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
 def run_encode(args: argparse.Namespace) -> int:
     from ..codec import EncodeError
 
+    _check_batch(args, "encode")
     _check_output(args, [args.file])
     codec = make_codec(args)
     if args.jsonl:
