@@ -732,7 +732,13 @@ class LiveView:
                 else:
                     self.filter(text)
             except FilterError as e:
-                self.prompt_error = printable(str(e))
+                # one line, a caret under the prompt's text where it goes wrong (the
+                # exception's text spans three lines: the expression is on screen)
+                if e.expr == text and 0 <= e.position <= len(text):
+                    at = cell_len(_PROMPT) + cell_len(printable(text[:e.position]))
+                    self.prompt_error = " " * at + "^ " + printable(e.reason)
+                else:
+                    self.prompt_error = printable(f"bad filter: {e.reason}")
                 return
             self.prompt = self.prompt_error = None
         elif name == "esc":
@@ -861,11 +867,15 @@ class LiveView:
         prompt = self.prompt
         if prompt is None:
             return Group(header, self.table(max(rows, 3)))
-        lines = [Text.assemble(("filter: ", "bold"), printable(prompt), ("_", "blink"),
+        lines = [Text.assemble((_PROMPT, "bold"), printable(prompt), ("_", "blink"),
                                ("   Enter applies, Esc cancels, empty: every flow", "dim"))]
         if self.prompt_error:
             lines.append(Text(self.prompt_error, style="red"))
         return Group(header, self.table(max(rows - len(lines), 3)), *lines)
+
+
+#: what the line a filter is typed on starts with
+_PROMPT = "filter: "
 
 
 def browse(flows: list[Flow], title: str, *, codec: Any = None,

@@ -960,6 +960,13 @@ async def test_a_filter_typed_in_the_view_chooses_among_the_flows_it_holds(tansu
         for name in ["f", *"~api", "space", *"Nope", "enter"]:
             view.key(name)
         assert view.prompt == "~api Nope" and "Nope" in view.prompt_error
+        console.file = io.StringIO()
+        console.print(view)
+        shown_lines = console.file.getvalue().splitlines()
+        typed = next(i for i, line in enumerate(shown_lines) if "filter: ~api Nope" in line)
+        # one line under the prompt, its caret under the api name, no escaped newline
+        assert shown_lines[typed + 1].index("^") == shown_lines[typed].index("Nope")
+        assert "no api is named" in shown_lines[typed + 1] and "\\x0a" not in view.prompt_error
         assert view.match is None and shown() == every
         view.key("esc")
         assert view.prompt is None and view.prompt_error is None
