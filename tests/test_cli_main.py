@@ -323,6 +323,9 @@ def test_a_torn_last_line_is_one_warning_line_not_a_python_warning(tmp_path):
     ["demo", "--duration", "-2"],
     ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--timeout", "-1"],
     ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--timeout", "nan"],
+    ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--speed", "nan"],
+    ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--speed", "inf"],
+    ["replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--speed", "0"],
     ["tolerate", "--bootstrap", "127.0.0.1:1", "--timeout", "-1"],
     ["tolerate", "--bootstrap", "127.0.0.1:1", "--max-cells", "0"],
     ["tolerate", "--bootstrap", "127.0.0.1:1", "--budget", "-5"],
@@ -341,6 +344,26 @@ def test_out_of_range_numbers_are_usage_errors(argv, capsys):
     option = next(a for a in argv if a.startswith("--") and a not in ("--upstream",
                                                                       "--bootstrap"))
     assert f"argument {option}" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("pattern, said", [
+    ("", "an empty pattern"),
+    ("  ", "an empty pattern"),
+    ("Bogus:ThrottleTimeMs", "no api is named 'Bogus'"),
+])
+def test_an_ignore_pattern_that_cannot_match_is_a_usage_error(pattern, said):
+    """``replay --ignore`` refuses a pattern that could never match anything, as
+    ``--filter`` refuses an unknown api, before connecting to anything: an empty
+    one, or ``API:`` naming an api the specs lack (both were taken, silently)."""
+    proc = run("replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--ignore", pattern)
+    assert proc.returncode == 2, proc.stderr
+    assert f"argument --ignore: {said}" in proc.stderr, proc.stderr
+    assert "cannot connect" not in proc.stderr
+    # the api's name in any case, and entity: types, are taken (and the replay goes
+    # on to connect: nothing listens there)
+    for taken in ("fetch:HighWatermark", "Fetch:entity:brokerId", "entity:brokerId"):
+        proc = run("replay", str(EXAMPLE), "--upstream", "127.0.0.1:1", "--ignore", taken)
+        assert proc.returncode == 1 and "cannot connect" in proc.stderr, proc.stderr
 
 
 def test_max_frame_takes_a_size_with_a_suffix():

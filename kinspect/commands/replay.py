@@ -42,6 +42,22 @@ from . import (
 )
 
 
+def _check_ignore(args: argparse.Namespace, codec) -> None:
+    """A usage error for an ``--ignore`` pattern that could never match: an empty
+    one, or ``API:PATTERN`` naming an api the specs do not define (as ``--filter``
+    refuses one)."""
+    names = {n.lower(): n for n in api_names(codec)}
+    for pattern in args.ignore:
+        text = pattern.strip()
+        if not text:
+            args.usage_error(f"argument --ignore: an empty pattern ({pattern!r})")
+        head, sep, _ = text.partition(":")
+        if sep and head != "entity" and head.lower() not in names:
+            args.usage_error(f"argument --ignore: no api is named {head!r} in {pattern!r} "
+                             f"(kinspect specs lists the api names; entity:TYPE for entity "
+                             f"types)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("replay", help="send a capture to a broker again and compare the "
                                       "responses with the recorded ones",
@@ -53,7 +69,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replay only the flows matching this filter (see kinspect.filters), "
                         "e.g. '!~api Heartbeat'")
     timing = p.add_mutually_exclusive_group()
-    timing.add_argument("--speed", type=float, default=1.0, metavar="N",
+    timing.add_argument("--speed", type=positive_float, default=1.0, metavar="N",
                         help="replay N times as fast as recorded (default 1)")
     timing.add_argument("--as-fast-as-possible", action="store_true",
                         help="no pauses: only the recorded ordering is kept")
@@ -76,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=positive_float, default=30.0, metavar="S",
                    help="seconds to wait for each response (default 30)")
     add_spec_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, usage_error=p.error)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -94,10 +110,8 @@ def run(args: argparse.Namespace) -> int:
     from ..replay import DEFAULT_IGNORE, Replayer, load_flows, run_with_uvloop
 
     upstream = args.upstream
-    if not args.as_fast_as_possible and args.speed <= 0:
-        print("kinspect replay: --speed must be positive", file=sys.stderr)
-        return 2
     codec = make_codec(args)
+    _check_ignore(args, codec)
     flt = parse(args.filter, api_names(codec)) if args.filter else None
     if args.report:
         check_writable(args.report)  # before the replay, not after it has run
