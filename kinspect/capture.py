@@ -948,6 +948,8 @@ def _read_one(path: Path, max_line_bytes: int | None = None
             # not cut short but damaged: what was read may be wrong too
             raise CaptureError(f"compressed data is corrupt after line "
                                f"{lineno + (prev is not None)} ({e})", path) from None
+        except CaptureError as e:
+            raise _corrupt_instead(fh, path, e) from None
         except EOFError as e:
             # a gzip stream cut short by a crash: everything before was readable
             warnings.warn(f"{path}: compressed data ends early ({e}); "
@@ -975,6 +977,24 @@ def _read_one(path: Path, max_line_bytes: int | None = None
             return
         _check(rec, path, lineno)
         yield lineno, rec
+
+
+def _corrupt_instead(fh: Any, path: Path, e: CaptureError) -> CaptureError:
+    """What to say of a line that does not read (``e``): when ``fh`` is a gzip
+    stream whose data turns out to be corrupt further on (its CRC is checked only at
+    the end: damaged deflate data may inflate to garbage first), that corruption,
+    with the line as what it spoiled; else ``e``. Reads the rest of the stream."""
+    if not isinstance(fh, gzip.GzipFile):
+        return e
+    try:
+        while fh.read(1 << 20):
+            pass
+    except (zlib.error, gzip.BadGzipFile) as z:
+        return CaptureError(f"compressed data is corrupt ({z}); line {e.line}, inflated "
+                            f"from it, does not read: {e.reason}", path)
+    except (EOFError, OSError):  # cut short, or unreadable: the line's own error stands
+        pass
+    return e
 
 
 def _parse(raw: bytes, path: Path, lineno: int, last: bool) -> dict[str, Any]:

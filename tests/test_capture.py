@@ -1336,6 +1336,35 @@ def test_a_corrupt_gzip_capture_is_an_error_not_a_cut(tmp_path, damage, capsys):
     assert "ends early" not in err and "lost" not in err
 
 
+def test_a_gzip_capture_inflating_to_garbage_is_said_to_be_corrupt(tmp_path, capsys):
+    """Damaged compressed data can inflate to garbage before the CRC, checked at the
+    end of the stream, says so: the line it spoils is named with the corruption (a
+    CRC that does not match), not as a line that was written wrong ("not a JSON
+    line" was all kinspect show said)."""
+    import gzip as gz
+
+    text = EXAMPLE.read_bytes()
+    data = bytearray(gz.compress(text, compresslevel=0))  # (stored blocks: bytes as they are)
+    second = text.index(b"\n") + 1  # the second line's first byte, "{"
+    at = data.index(text[second:second + 64])
+    data[at] = ord("x")  # not a JSON line any more; the deflate data still inflates
+    path = tmp_path / "cap.jsonl.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CaptureError) as e:
+        list(read_capture(path))
+    assert e.value.path == str(path)
+    assert "compressed data is corrupt (CRC check failed" in e.value.reason, e.value.reason
+    assert "line 2, inflated from it, does not read: not a JSON line" in e.value.reason
+    assert cli.main(["show", str(path)]) == 1
+    assert "compressed data is corrupt" in capsys.readouterr().err
+    # the same line in a file that is not compressed is the line's own fault
+    plain = tmp_path / "cap.jsonl"
+    plain.write_bytes(text[:second] + b"x" + text[second + 1:])
+    with pytest.raises(CaptureError, match="not a JSON line") as e:
+        list(read_capture(plain))
+    assert e.value.line == 2 and "compressed" not in e.value.reason
+
+
 def test_a_file_where_the_capture_directory_should_be_says_not_a_directory(tmp_path):
     """A capture path under a regular file is refused as "Not a directory", naming
     that file, not with ``mkdir``'s "File exists"."""
