@@ -330,6 +330,16 @@ def test_deeply_nested_json_is_an_error_not_a_traceback(tmp_path, capsys):
     assert "nested too deeply" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("text", ["", "not json", "{\"api_key\": 3,"])
+def test_encode_of_what_is_not_json_says_so(text, tmp_path, capsys):
+    """``kinspect encode`` of a file that is not JSON says it is not, and what it
+    expected, rather than json's bare "Expecting value: line 1 column 1"."""
+    (tmp_path / "in.json").write_text(text)
+    assert main(["encode", str(tmp_path / "in.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("kinspect: encode error: not JSON (") and "kinspect decode" in err, err
+
+
 def test_jsonl_encode_reports_bad_values_per_line(tmp_path, capsys):
     req, _ = _metadata_pair()
     src = tmp_path / "in.jsonl"

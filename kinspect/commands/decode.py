@@ -588,6 +588,9 @@ def run_encode(args: argparse.Namespace) -> int:
                     doc = json.load(fh)
         except RecursionError:  # valid JSON nested deeper than json.load follows
             raise ValueError("not JSON: values nested too deeply") from None
+        except json.JSONDecodeError as e:  # (a ValueError: say what was expected)
+            raise ValueError(f"not JSON ({e}): expected what 'kinspect decode' writes, "
+                             f"a JSON object of one message") from None
         frame = encode_message(codec, message_from_dict(codec, doc))
     except OSError as e:  # "x.json: No such file or directory", as decode says it
         print(f"kinspect: {_error_text(e)}", file=sys.stderr)
