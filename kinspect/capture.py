@@ -111,6 +111,7 @@ from .flows import (
     NO_RESPONSE,
     REDACTED,
     REDACTED_REQUEST,
+    UNTIMED,
     SASL_TOKEN,
     UNPAIRED,
     Flow,
@@ -1308,8 +1309,11 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
             raise CaptureError("frame is not base64", record=n)
         conn = rec["conn"] + conn_base
         direction = rec["dir"]
-        ts = rec.get("ts_ns") or 0
+        ts = rec.get("ts_ns")
         flags = set(rec.get("flags") or ())
+        if ts is None:  # (absent or null: not known; 0 keeps the frames in file order)
+            ts = 0
+            flags.add(UNTIMED)
         if rec.get("redacted"):
             flags.add(REDACTED)
             if direction == "req":

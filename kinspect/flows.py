@@ -20,6 +20,7 @@ SKIPPED = "decode-skipped"     # decoding was skipped under load (frames still f
 CLOSED = "closed"              # the connection closed before the response came
 REDACTED = "redacted"          # a capture line of the flow had secrets replaced (either way)
 REDACTED_REQUEST = "redacted-request"  # ... the request's line (see kinspect.capture)
+UNTIMED = "untimed"            # a capture line of the flow has no time (no latency then)
 
 
 class Flow:
@@ -77,9 +78,10 @@ class Flow:
 
     @property
     def latency_ns(self) -> int | None:
-        """Request to response; ``None`` without a response, or without the request
-        (``unpaired``: there is nothing to measure from)."""
-        if self.response_ns is None or UNPAIRED in self.flags:
+        """Request to response; ``None`` without a response, without the request
+        (``unpaired``: there is nothing to measure from), or when a capture line of
+        the flow gave no time (``untimed``)."""
+        if self.response_ns is None or UNPAIRED in self.flags or UNTIMED in self.flags:
             return None
         return self.response_ns - self.request_ns
 

@@ -45,7 +45,7 @@ from kinspect.export import export_pcapng
 from kinspect.filters import TopicIds, parse
 from kinspect.flows import CLOSED, MUTATED, SASL_TOKEN, Flow
 from kinspect.proxy.server import Proxy, ProxyConfig
-from kinspect.show import records_fields, records_summary
+from kinspect.show import flow_row, flow_summary, records_fields, records_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "captures" / "example.jsonl"
@@ -1334,6 +1334,36 @@ def test_a_corrupt_gzip_capture_is_an_error_not_a_cut(tmp_path, damage, capsys):
     err = capsys.readouterr().err
     assert f"kinspect: error: {path}: compressed data is corrupt" in err, err
     assert "ends early" not in err and "lost" not in err
+
+
+@pytest.mark.parametrize("line_dir", ["req", "resp"])
+@pytest.mark.parametrize("missing", ["absent", "null"])
+def test_a_frame_line_without_a_time_leaves_its_flow_without_a_latency(
+        tmp_path, line_dir, missing):
+    """``ts_ns`` absent or null is "not known", as the Spark job reads it: the flow
+    is flagged ``untimed`` and has no latency, where it got the other line's time
+    since the epoch (some 1.8e12 ms). The other flows keep theirs."""
+    lines = EXAMPLE.read_bytes().splitlines(keepends=True)
+    recs = [json.loads(x) for x in lines]
+    at = next(i for i, r in enumerate(recs) if r.get("type") == "frame"
+              and r["dir"] == line_dir and r["api_key"] == 3)  # a Metadata flow's line
+    fid = recs[at]["flow"]
+
+    def drop(r):
+        if missing == "absent":
+            del r["ts_ns"]
+        else:
+            r["ts_ns"] = None
+
+    path = tmp_path / "cap.jsonl"
+    path.write_bytes(b"".join(_frame_line_edited(lines, at, drop)))
+    flows = load_capture(path, CODEC).flows
+    flow = next(f for f in flows if f.id == fid)
+    assert "untimed" in flow.flags and flow.latency_ns is None
+    assert flow_summary(flow)["latency_ns"] is None and flow_row(flow)["latency"] == ""
+    others = [f for f in flows if f.id != fid and f.response is not None]
+    assert others and all(f.latency_ns is not None and 0 <= f.latency_ns < 10**10
+                          and "untimed" not in f.flags for f in others)
 
 
 def test_a_gzip_capture_inflating_to_garbage_is_said_to_be_corrupt(tmp_path, capsys):
