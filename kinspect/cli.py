@@ -32,6 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
         register = getattr(module, "register", None)
         if register is not None:
             register(sub)
+    for command in sub.choices.values():
+        # after the command too (its examples write `kinspect serve ... -v`); not
+        # given there, the count before the command stands
+        if "-v" not in command._option_string_actions:
+            command.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
+                                 help="more logging (-v info, -vv debug)")
     return parser
 
 

@@ -366,6 +366,22 @@ def test_an_ignore_pattern_that_cannot_match_is_a_usage_error(pattern, said):
         assert proc.returncode == 1 and "cannot connect" in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("argv, level", [
+    (["serve", "captures/run.jsonl", "--listen", "127.0.0.1:19092", "-v"], 1),  # (its help's)
+    (["-v", "serve", "captures/run.jsonl"], 1),
+    (["serve", "captures/run.jsonl", "-vv"], 2),
+    (["-vv", "show", "captures/example.jsonl"], 2),
+    (["show", "captures/example.jsonl"], 0),
+    (["proxy", "--upstream", "127.0.0.1:1", "--verbose"], 1),
+])
+def test_verbose_goes_before_or_after_the_command(argv, level):
+    """``-v`` is taken after the command as well as before it (``kinspect serve
+    --help``'s own example put it after, and was refused)."""
+    from kinspect.cli import build_parser
+
+    assert build_parser().parse_args(argv).verbose == level
+
+
 def test_max_frame_takes_a_size_with_a_suffix():
     from kinspect.cli import build_parser
 
