@@ -51,6 +51,29 @@ def test_short_request_frame_is_flagged_not_dropped():
     assert {UNDECODED, NO_RESPONSE} <= flow.flags and flow.request == b"\x00\x03"
 
 
+def test_show_says_why_a_short_request_has_no_response_and_an_acks0_produce_none():
+    """A request too short for a header has no correlation id to pair an answer by:
+    ``show --flow`` says so, not "no response expected (acks=0)", which it said of
+    a garbage frame; an acks=0 Produce keeps that wording."""
+    from rich.console import Console
+
+    from kinspect.show import flow_tree
+
+    def drawn(flow) -> str:
+        console = Console(width=200, record=True, file=__import__("io").StringIO())
+        console.print(flow_tree(flow, codec()))
+        return console.export_text()
+
+    t = tracker()
+    short = drawn(t.request(b"", 1))
+    assert "none can be paired with it: it has no request header" in short
+    assert "acks=0" not in short
+    topic = codec().request_codec(0).spec.struct.field("TopicData").struct.cls
+    acks0 = t.request(request_bytes(0, 9, 5, Acks=0, TransactionalId=None, TimeoutMs=10,
+                                    TopicData=[topic(Name="t", PartitionData=[])]), 2)
+    assert "no response expected (acks=0)" in drawn(acks0)
+
+
 def test_acks_zero_produce_is_not_awaited():
     c = codec()
     t = tracker()
