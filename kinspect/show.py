@@ -933,7 +933,12 @@ def frame_diff(codec: Codec, flow: Any, direction: str, *,
     if trees[0] is not None and trees[1] is not None:
         changes: list[dict[str, Any]] = []
         _diff_values(trees[0], trees[1], "", changes)
-        out["fields"] = [_jsonable_change(c) for c in changes]
+        # ``_present_tags`` lists the tagged fields on the wire at their default value
+        # (to_dict leaves those out): a field set away from its default leaves that
+        # list, which says nothing of the wire. Its changes are shown only when they
+        # are all there is (a default-valued tagged field added or stripped).
+        fields = [c for c in changes if "_present_tags" not in c["path"]]
+        out["fields"] = [_jsonable_change(c) for c in (fields or changes)]
     first = next((i for i in range(min(len(before), len(after))) if before[i] != after[i]),
                  None)
     if first is None and len(before) != len(after):

@@ -246,6 +246,29 @@ def test_mutated_request_diff_lists_the_changed_field(cap):
     assert doc["diff"]["resp"] is None
 
 
+def test_a_tagged_field_set_away_from_its_default_diffs_as_that_field_alone(cap):
+    """A rule setting a tagged field that was on the wire at its default (Tansu's
+    ApiVersions answers carry all four at theirs) changes that field: the diff says
+    so and nothing else, not the to_dict bookkeeping of default-valued tags
+    (``_present_tags[2]: 2 → 3``). A default-valued tag stripped from the wire is
+    that field gone."""
+    av = next(f for f in cap.flows if f.api_key == 18)
+    resp = CODEC.decode_response(av.response, av.api_key, av.api_version)
+    assert resp.to_dict()["body"]["_present_tags"] == [0, 1, 2, 3]
+    resp.body.FinalizedFeaturesEpoch = 7
+    g = copy_flow(av)
+    g.response_sent = CODEC.encode_response(resp)
+    d = frame_diff(CODEC, g, "resp")
+    assert d["fields"] == [{"path": "body.FinalizedFeaturesEpoch", "before": -1, "after": 7}]
+    stripped = CODEC.decode_response(av.response, av.api_key, av.api_version)
+    stripped.body._present = frozenset({0, 1, 2})  # ZkMigrationReady (tag 3) left out
+    g.response_sent = CODEC.encode_response(stripped)
+    assert len(g.response_sent) < len(g.response)
+    d = frame_diff(CODEC, g, "resp")
+    assert d["fields"] == [{"path": "body.ZkMigrationReady", "before": False,
+                            "after": "(absent)"}]
+
+
 def test_rewritten_responses_diff_only_in_broker_addresses(cap):
     rewritten = [f for f in cap.flows if "rewritten" in f.flags]
     assert rewritten
