@@ -191,6 +191,59 @@ def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
     assert "Traceback" not in err
 
 
+def test_proxy_logs_to_a_file_its_whole_address_and_rules_table(tansu):
+    """Stderr to a file or pipe (a service's log): the start-up line names the
+    address bound and the one clients bootstrap from (--advertise-host), and the
+    rules' table on exit keeps every column for every rule, as wide as it needs
+    (rich took 80 columns for a console that is not a terminal: with four long
+    rules the errors column came out empty)."""
+    import os
+    import signal
+    import time
+
+    from proxyutil import exchange_sync, request_bytes
+
+    from kinspect.brokers import free_port
+
+    port = free_port()
+    rules = [f"inject Fetch:response:Responses[].Partitions[]:tag={n}:hex=ff"
+             for n in range(11, 15)]
+    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
+                             tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--no-tui",
+                             "--advertise-host", "kafka.example", "--no-rewrite",
+                             *[a for r in rules for a in ("--inject", r.split(" ", 1)[1])]],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL,
+                            env={**os.environ, "COLUMNS": "80"})
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                exchange_sync("127.0.0.1", port, [request_bytes(3, 12, 5, Topics=None)])
+                break
+            except OSError:
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    proc.kill()
+                    _, err = proc.communicate(timeout=10)
+                    raise AssertionError(f"proxy did not come up: {err}")
+                time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert (f"listening on 127.0.0.1:{port} (clients bootstrap from kafka.example:{port}), "
+            f"forwarding to {tansu.bootstrap}") in err, err
+    rows = [line for line in err.splitlines() if line.startswith("│ --inject #")]
+    assert len(rows) == 4, err
+    for row in rows:
+        cells = [c.strip() for c in row.strip("│").split("│")]
+        assert len(cells) == 7 and cells[-1] == "0", row  # ... errors: 0
+        assert cells[1].startswith("inject Fetch:response:") and "…" not in row, row
+
+
 @pytest.mark.parametrize("why", ["filter", "rules", "port"])
 def test_proxy_start_up_failure_leaves_an_existing_capture_alone(tmp_path, why):
     """A start-up that fails before any traffic (bad filter, bad rules, listen port

@@ -138,7 +138,8 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
     from ..proxy.rules import install_rules
 
     codec = proxy.codec
-    err_console = Console(stderr=True)
+    # (to a file or pipe: full width, so the rules' table on exit keeps its columns)
+    err_console = Console(stderr=True, width=None if is_terminal(sys.stderr) else 1000)
     view = _view(args, proxy, title)
     ruleset = install_rules(args, proxy, codec, err_console)
     try:
@@ -155,8 +156,13 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         proxy.pipeline.add(view)
         await proxy.start()
         if not hasattr(view, "start"):
-            print("kinspect: listening on %s:%d, forwarding to %s:%d" % (*proxy.address,
-                  *proxy.config.upstream), file=sys.stderr, flush=True)
+            # the address bound, and the one clients bootstrap from when it differs
+            # (--advertise-host, a wildcard listen address)
+            bound, told = _hostport(listen), _hostport(proxy.address)
+            print(f"kinspect: listening on {bound}"
+                  + (f" (clients bootstrap from {told})" if told != bound else "")
+                  + f", forwarding to {_hostport(proxy.config.upstream)}",
+                  file=sys.stderr, flush=True)
         else:
             # keys select and open rows when someone types at a terminal (stdin)
             view.start(keys=sys.stdin.fileno() if is_terminal(sys.stdin) else None)
@@ -167,6 +173,12 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         await proxy.close()
         if len(ruleset):
             err_console.print(ruleset.table())
+
+
+def _hostport(addr: tuple[str, int]) -> str:
+    """``host:port``, ``[host]:port`` for an IPv6 host."""
+    host, port = addr
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _install_signals(stop: asyncio.Event, again: asyncio.Event | None = None) -> None:
