@@ -23,7 +23,12 @@ answered at once does its other work in another order than it did when recorded
 (kafka-python, leading the group, computes the assignment before the Metadata
 answer naming its topic came, and rejoins the group once it comes).
 
-Answers are re-encoded with the client's correlation id and with every broker
+An answer is the one the recorded client got: the frame the proxy forwarded to it
+(``frame_sent``) where the proxy changed it (a rule stripped or injected tagged
+fields, say: a client that only worked with the change keeps working), else the
+broker's; ``as_sent=False`` (``kinspect serve --as-received``) answers with the
+broker's bytes as the proxy received them. Answers are re-encoded with the
+client's correlation id and with every broker
 address (Metadata, FindCoordinator, DescribeCluster, KIP-951 ``NodeEndpoints``;
 found by :class:`~kinspect.proxy.rewrite.AddressRewriter`) pointing at this
 listener. ApiVersions is answered at the client's version even when the recording
@@ -366,6 +371,9 @@ class CaptureBroker:
         advertise_host: host written into broker addresses (default: the listen
             host; 127.0.0.1 for ``0.0.0.0`` or ``""``, ``::1`` for ``::``).
         max_frame: largest request accepted, bytes.
+        as_sent: answer with the response as the proxy forwarded it to the recorded
+            client (``Flow.response_sent``, when the proxy changed it); ``False``:
+            as the broker sent it (``Flow.response``).
 
     ``await start()``, ``address``, ``await close()``; ``served`` lists what each
     request got (``{"conn", "api", "api_version", "correlation_id", "tier",
@@ -374,8 +382,10 @@ class CaptureBroker:
 
     def __init__(self, codec: Codec, flows: list[Flow], listen: tuple[str, int] = ("127.0.0.1", 0),
                  *, ignore: Iterable[str] = DEFAULT_IGNORE, advertise_host: str | None = None,
-                 max_frame: int = DEFAULT_MAX_FRAME, max_served_log: int = 100_000):
+                 max_frame: int = DEFAULT_MAX_FRAME, max_served_log: int = 100_000,
+                 as_sent: bool = True):
         self.codec = codec
+        self.as_sent = as_sent
         self.rules = IgnoreRules(ignore)
         self.index = ResponseIndex(codec, flows, self.rules)
         self.listen = listen
@@ -584,6 +594,8 @@ class CaptureBroker:
     def _response_for(self, flow: Flow, req: Request) -> bytes:
         """The recorded response re-encoded: correlation id and broker addresses."""
         raw = flow.response
+        if self.as_sent and flow.response_sent is not None:
+            raw = flow.response_sent
         try:
             resp = self.codec.decode_response(raw, flow.api_key, flow.api_version)
         except DecodeError as e:

@@ -42,6 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "127.0.0.1 for 0.0.0.0, ::1 for ::)")
     p.add_argument("--ignore", action="extend", nargs="+", default=[], metavar="FIELD",
                    help="more volatile fields for request matching (see kinspect replay)")
+    p.add_argument("--as-received", action="store_true",
+                   help="answer with the broker's responses as the proxy received them "
+                        "(default: as it forwarded them to the recorded client, with what "
+                        "its rules changed)")
     add_spec_options(p)
     p.set_defaults(func=run)
 
@@ -59,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
     flows = load_flows(args.capture, codec)
     console = Console(stderr=True)
     broker = CaptureBroker(codec, flows, listen, ignore=list(DEFAULT_IGNORE) + args.ignore,
-                           advertise_host=args.advertise_host)
+                           advertise_host=args.advertise_host, as_sent=not args.as_received)
 
     async def main() -> None:
         stop = asyncio.Event()
