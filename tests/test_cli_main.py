@@ -508,15 +508,21 @@ def test_an_output_beside_its_input_is_written(tmp_path):
     assert len(lines) == len(EXAMPLE.read_text().splitlines())
 
 
-def test_a_listen_address_in_use_is_named_in_the_error():
+@pytest.mark.parametrize("command", [["proxy", "--upstream", "127.0.0.1:1", "--no-tui"],
+                                     ["serve", str(EXAMPLE)]])
+def test_a_listen_address_in_use_is_named_in_the_error(command):
+    """Both commands that listen say it alike: ``cannot listen on HOST:PORT: Address
+    already in use`` (serve gave asyncio's "error while attempting to bind on
+    address ('127.0.0.1', PORT)")."""
     with socket.socket() as held:
         held.bind(("127.0.0.1", 0))
         held.listen()
         port = held.getsockname()[1]
-        proc = run("proxy", "--upstream", "127.0.0.1:1", "--listen", f"127.0.0.1:{port}",
-                   "--no-tui", timeout=60)
+        proc = run(*command, "--listen", f"127.0.0.1:{port}", timeout=60)
     assert proc.returncode == 1
-    assert f"127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert f"kinspect: error: cannot listen on 127.0.0.1:{port}: Address already in use" \
+        in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_specs_in_a_pipe_keeps_paths_whole():

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 
 from . import (
@@ -73,7 +74,13 @@ def run(args: argparse.Namespace) -> int:
                 loop.add_signal_handler(sig, stop.set)
             except (NotImplementedError, RuntimeError):
                 pass
-        await broker.start()
+        try:
+            await broker.start()
+        except OSError as e:  # as the proxy says it: the address, then the system's reason
+            host, port = listen
+            where = ", ".join(host) if isinstance(host, list) else host
+            raise OSError(e.errno, f"cannot listen on {where}:{port}: "
+                          f"{os.strerror(e.errno) if e.errno else e}") from None
         host, port = broker.address
         console.print(f"serving {len(broker.index)} recorded responses from "
                       f"[bold]{escape(args.capture)}[/] on [bold]{escape(host)}:{port}[/]",
