@@ -111,9 +111,9 @@ from .flows import (
     NO_RESPONSE,
     REDACTED,
     REDACTED_REQUEST,
-    UNTIMED,
     SASL_TOKEN,
     UNPAIRED,
+    UNTIMED,
     Flow,
 )
 from .pagecache import DirectAppender, DropBehind

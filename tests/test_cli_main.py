@@ -153,7 +153,11 @@ def test_a_specs_path_without_specs_is_warned_about(tmp_path):
     assert "no message specs found" not in proc.stderr, proc.stderr
 
 
-def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
+def _proxy_until_ctrl_c(tansu, *options: str, env: dict | None = None
+                        ) -> tuple[int, bytes, str, str]:
+    """``kinspect proxy --no-tui`` in front of ``tansu`` with ``options``: one Metadata
+    v12 request (correlation id 5) through it once it listens, then SIGINT. Returns
+    the port, the answer, stdout and stderr; the process is ended whatever happens."""
     import os
     import signal
     import time
@@ -164,9 +168,10 @@ def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
 
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
-                             tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--no-tui"],
+                             tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--no-tui",
+                             *options],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env=env)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -179,7 +184,6 @@ def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
                     _, err = proc.communicate(timeout=10)
                     raise AssertionError(f"proxy did not come up: {err}")
                 time.sleep(0.1)
-        assert resp[:4] == b"\x00\x00\x00\x05"
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=20)
     finally:
@@ -187,8 +191,14 @@ def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 0, err
-    assert "Metadata v12 corr=5" in out
     assert "Traceback" not in err
+    return port, resp, out, err
+
+
+def test_proxy_command_exits_cleanly_on_ctrl_c(tansu):
+    _, resp, out, _ = _proxy_until_ctrl_c(tansu)
+    assert resp[:4] == b"\x00\x00\x00\x05"
+    assert "Metadata v12 corr=5" in out
 
 
 def test_proxy_logs_to_a_file_its_whole_address_and_rules_table(tansu):
@@ -198,42 +208,11 @@ def test_proxy_logs_to_a_file_its_whole_address_and_rules_table(tansu):
     (rich took 80 columns for a console that is not a terminal: with four long
     rules the errors column came out empty)."""
     import os
-    import signal
-    import time
 
-    from proxyutil import exchange_sync, request_bytes
-
-    from kinspect.brokers import free_port
-
-    port = free_port()
-    rules = [f"inject Fetch:response:Responses[].Partitions[]:tag={n}:hex=ff"
-             for n in range(11, 15)]
-    proc = subprocess.Popen([sys.executable, "-m", "kinspect", "proxy", "--upstream",
-                             tansu.bootstrap, "--listen", f"127.0.0.1:{port}", "--no-tui",
-                             "--advertise-host", "kafka.example", "--no-rewrite",
-                             *[a for r in rules for a in ("--inject", r.split(" ", 1)[1])]],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL,
-                            env={**os.environ, "COLUMNS": "80"})
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                exchange_sync("127.0.0.1", port, [request_bytes(3, 12, 5, Topics=None)])
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    proc.kill()
-                    _, err = proc.communicate(timeout=10)
-                    raise AssertionError(f"proxy did not come up: {err}")
-                time.sleep(0.1)
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == 0, err
+    rules = [f"Fetch:response:Responses[].Partitions[]:tag={n}:hex=ff" for n in range(11, 15)]
+    port, _, _, err = _proxy_until_ctrl_c(
+        tansu, "--advertise-host", "kafka.example", "--no-rewrite",
+        *[a for r in rules for a in ("--inject", r)], env={**os.environ, "COLUMNS": "80"})
     assert (f"listening on 127.0.0.1:{port} (clients bootstrap from kafka.example:{port}), "
             f"forwarding to {tansu.bootstrap}") in err, err
     rows = [line for line in err.splitlines() if line.startswith("│ --inject #")]
