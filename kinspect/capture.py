@@ -936,6 +936,7 @@ def _read_one(path: Path, max_line_bytes: int | None = None
     with fh:
         lineno = 0
         prev: bytes | None = None
+        raw: Any = None
         try:
             for raw in _lines(fh, path, limit):
                 if prev is not None:
@@ -950,6 +951,8 @@ def _read_one(path: Path, max_line_bytes: int | None = None
             raise CaptureError(f"compressed data is corrupt after line "
                                f"{lineno + (prev is not None)} ({e})", path) from None
         except CaptureError as e:
+            if e is raw:  # a line too long: stopped early on purpose (a gzip bomb)
+                raise
             raise _corrupt_instead(fh, path, e) from None
         except EOFError as e:
             # a gzip stream cut short by a crash: everything before was readable
@@ -980,16 +983,26 @@ def _read_one(path: Path, max_line_bytes: int | None = None
         yield lineno, rec
 
 
+#: inflated bytes read past a gzip capture's line that does not read, to find out
+#: whether the compressed data is corrupt (some 0.2 s of inflating)
+CORRUPT_CHECK_BYTES = 64 << 20
+
+
 def _corrupt_instead(fh: Any, path: Path, e: CaptureError) -> CaptureError:
     """What to say of a line that does not read (``e``): when ``fh`` is a gzip
     stream whose data turns out to be corrupt further on (its CRC is checked only at
     the end: damaged deflate data may inflate to garbage first), that corruption,
-    with the line as what it spoiled; else ``e``. Reads the rest of the stream."""
+    with the line as what it spoiled; else ``e``. Reads on in the stream, up to
+    :data:`CORRUPT_CHECK_BYTES` inflated bytes (past those, ``e`` stands)."""
     if not isinstance(fh, gzip.GzipFile):
         return e
+    left = CORRUPT_CHECK_BYTES
     try:
-        while fh.read(1 << 20):
-            pass
+        while left > 0:
+            got = len(fh.read(min(left, 1 << 20)))
+            if not got:
+                break
+            left -= got
     except (zlib.error, gzip.BadGzipFile) as z:
         return CaptureError(f"compressed data is corrupt ({z}); line {e.line}, inflated "
                             f"from it, does not read: {e.reason}", path)

@@ -33,11 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
         if register is not None:
             register(sub)
     for command in sub.choices.values():
-        # after the command too (its examples write `kinspect serve ... -v`); not
-        # given there, the count before the command stands
+        # after the command too (its examples write `kinspect serve ... -v`), counted
+        # with those before it (main() adds them up)
         if "-v" not in command._option_string_actions:
-            command.add_argument("-v", "--verbose", action="count", default=argparse.SUPPRESS,
-                                 help="more logging (-v info, -vv debug)")
+            command.add_argument("-v", "--verbose", action="count", default=0,
+                                 dest="verbose_after", help="more logging (-v info, -vv debug)")
     return parser
 
 
@@ -87,9 +87,18 @@ def _os_error_text(e: OSError) -> str:
     return e.strerror or str(e)
 
 
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None
+               ) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, with ``verbose`` counting each ``-v`` before the
+    command and after it."""
+    args = parser.parse_args(argv)
+    args.verbose += getattr(args, "verbose_after", 0)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     warnings.formatwarning = _format_warning

@@ -716,8 +716,8 @@ class FlowResult:
             "ignored": [d.to_dict() for d in self.ignored],
             "request_rewrites": self.rewrites, "unmapped": self.unmapped,
             "learned": self.learned,
-            "recorded_latency_ms": (None if f.response_ns is None
-                                    else round((f.response_ns - f.request_ns) / 1e6, 3)),
+            "recorded_latency_ms": (None if f.latency_ns is None
+                                    else round(f.latency_ns / 1e6, 3)),
             "replay_latency_ms": (None if self.latency_ns is None
                                   else round(self.latency_ns / 1e6, 3)),
         }

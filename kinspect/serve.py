@@ -570,9 +570,8 @@ class CaptureBroker:
             delay = self._reuse_delay(req, cand.flow)
             if delay > 0:
                 await asyncio.sleep(delay)
-        elif req.api_key in _GROUP_WAITS and cand.flow.response_ns is not None:
-            await asyncio.sleep(min(max(0, cand.flow.response_ns - cand.flow.request_ns) / 1e9,
-                                    _MAX_GROUP_WAIT))
+        elif req.api_key in _GROUP_WAITS and cand.flow.latency_ns is not None:
+            await asyncio.sleep(min(max(0, cand.flow.latency_ns) / 1e9, _MAX_GROUP_WAIT))
         if not needs_response or not expects_response(cand.flow):
             return None
         return self._response_for(cand.flow, req)
@@ -584,8 +583,8 @@ class CaptureBroker:
             mw = req.body.get("MaxWaitMs")
             if isinstance(mw, int) and mw > 0:
                 wait = mw / 1000
-        if wait is None and flow.response_ns is not None:
-            wait = max(0, flow.response_ns - flow.request_ns) / 1e9
+        if wait is None and flow.latency_ns is not None:
+            wait = max(0, flow.latency_ns) / 1e9
         return min(wait or 0.0, _MAX_REUSE_DELAY)
 
     def _map(self, node_id: int | None, host: str, port: int) -> tuple[str, int]:
@@ -615,13 +614,24 @@ class CaptureBroker:
                         "correlation id changed", flow.api_name, flow.id, e)
             return _SIZE.pack(req.correlation_id) + raw[4:]
 
+    def _recorded_answer(self, flow: Flow) -> Any:
+        """The decoded response the recorded client got (see ``as_sent``), or ``None``
+        when it does not decode."""
+        if not self.as_sent or flow.response_sent is None:
+            return flow.response_decoded
+        try:
+            return self.codec.decode_response(flow.response_sent, flow.api_key,
+                                              flow.api_version)
+        except DecodeError:
+            return None
+
     def _api_versions(self, req: Request) -> bytes | None:
         """ApiVersions at a version the recording did not use: a recorded successful
         answer re-encoded at the client's version, or v0 + UNSUPPORTED_VERSION for a
         version no spec knows (the client retries lower, KIP-511)."""
         body = None
         for c in sorted(self.index.api_versions, key=lambda c: -c.flow.api_version):
-            r = c.flow.response_decoded
+            r = self._recorded_answer(c.flow)
             if r is not None and r.body is not None and r.body.get("ErrorCode") == 0:
                 body = r.body.copy()
                 break

@@ -65,6 +65,7 @@ def spark():
         yield session
     finally:
         stop_session(session)  # (and its JVM, before pytest ends)
+        stop_session(session)  # (a second call does nothing: no error)
 
 
 @pytest.fixture(scope="module")

@@ -1395,6 +1395,41 @@ def test_a_gzip_capture_inflating_to_garbage_is_said_to_be_corrupt(tmp_path, cap
     assert e.value.line == 2 and "compressed" not in e.value.reason
 
 
+def test_a_bad_line_of_a_gzip_capture_is_checked_for_corruption_only_so_far(tmp_path,
+                                                                          monkeypatch):
+    """The look for corrupt compressed data behind a line that does not read stops
+    after ``CORRUPT_CHECK_BYTES`` inflated bytes (the line's own error then stands),
+    and a line too long (a gzip bomb, stopped early on purpose) is not followed by
+    any inflating: it read the whole rest of the stream, minutes for a large one."""
+    import gzip as gz
+
+    import kinspect.capture as capture_mod
+
+    text = EXAMPLE.read_bytes()
+    second = text.index(b"\n") + 1
+    bad = text[:second] + b"x" + text[second + 1:]
+    data = bytearray(gz.compress(bad + b"\n" * (4 << 20), compresslevel=0))
+    data[-8] ^= 0xFF  # the CRC: corrupt, but only found at the very end
+    path = tmp_path / "cap.jsonl.gz"
+    path.write_bytes(bytes(data))
+    with pytest.raises(CaptureError, match="compressed data is corrupt"):
+        list(read_capture(path))
+    monkeypatch.setattr(capture_mod, "CORRUPT_CHECK_BYTES", 1 << 20)  # short of the end
+    with pytest.raises(CaptureError) as e:
+        list(read_capture(path))
+    assert e.value.line == 2 and e.value.reason.startswith("not a JSON line"), e.value
+    reads = []
+    real_read = gz.GzipFile.read
+    monkeypatch.setattr(gz.GzipFile, "read", lambda self, n=-1: reads.append(n) or
+                        real_read(self, n))
+    long_line = tmp_path / "long.jsonl.gz"
+    long_line.write_bytes(gz.compress(text[:second] + b"x" * (3 << 20) + b"\n" + text
+                                      + b"\n" * (4 << 20)))
+    with pytest.raises(CaptureError, match="a line longer than"):
+        list(read_capture(long_line, max_line_bytes=1 << 20))
+    assert sum(n for n in reads if n and n > 0) < 2 << 20, reads
+
+
 def test_a_file_where_the_capture_directory_should_be_says_not_a_directory(tmp_path):
     """A capture path under a regular file is refused as "Not a directory", naming
     that file, not with ``mkdir``'s "File exists"."""

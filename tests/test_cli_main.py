@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import socket
 import subprocess
@@ -382,6 +383,9 @@ def test_out_of_range_numbers_are_usage_errors(argv, capsys):
     ("", "an empty pattern"),
     ("  ", "an empty pattern"),
     ("Bogus:ThrottleTimeMs", "no api is named 'Bogus'"),
+    ("Fetch:", "nothing after 'Fetch:'"),
+    ("entity:", "nothing after 'entity:'"),
+    ("Fetch:entity:", "nothing after 'Fetch:entity:'"),
 ])
 def test_an_ignore_pattern_that_cannot_match_is_a_usage_error(pattern, said):
     """``replay --ignore`` refuses a pattern that could never match anything, as
@@ -391,6 +395,8 @@ def test_an_ignore_pattern_that_cannot_match_is_a_usage_error(pattern, said):
     assert proc.returncode == 2, proc.stderr
     assert f"argument --ignore: {said}" in proc.stderr, proc.stderr
     assert "cannot connect" not in proc.stderr
+    proc = run("serve", str(EXAMPLE), "--listen", "127.0.0.1:1", "--ignore", pattern)
+    assert proc.returncode == 2 and f"argument --ignore: {said}" in proc.stderr, proc.stderr
     # the api's name in any case, and entity: types, are taken (and the replay goes
     # on to connect: nothing listens there)
     for taken in ("fetch:HighWatermark", "Fetch:entity:brokerId", "entity:brokerId"):
@@ -405,13 +411,15 @@ def test_an_ignore_pattern_that_cannot_match_is_a_usage_error(pattern, said):
     (["-vv", "show", "captures/example.jsonl"], 2),
     (["show", "captures/example.jsonl"], 0),
     (["proxy", "--upstream", "127.0.0.1:1", "--verbose"], 1),
+    (["-v", "specs", "-v"], 2),
 ])
 def test_verbose_goes_before_or_after_the_command(argv, level):
-    """``-v`` is taken after the command as well as before it (``kinspect serve
-    --help``'s own example put it after, and was refused)."""
-    from kinspect.cli import build_parser
+    """``-v`` is taken after the command as well as before it, and counted with
+    those before it (``kinspect serve --help``'s own example put it after, and was
+    refused)."""
+    from kinspect.cli import build_parser, parse_args
 
-    assert build_parser().parse_args(argv).verbose == level
+    assert parse_args(build_parser(), argv).verbose == level
 
 
 def test_max_frame_takes_a_size_with_a_suffix():
@@ -475,6 +483,27 @@ def test_an_output_that_is_an_input_is_refused_and_the_input_kept(argv, out, tmp
     assert not (tmp_path / "tables").exists()  # (refused before the job ran)
 
 
+def test_only_an_existing_regular_file_is_refused_as_an_output_that_is_an_input(tmp_path):
+    """The check refuses what writing would destroy, nothing else: an output that is
+    no regular file (a terminal both sides name, ``/dev/null``, a pipe) is let
+    through. A missing input named as the output is refused still: opening the
+    output first would create the input, empty, and the batch would read nothing."""
+    from kinspect.commands import check_not_input
+
+    check_not_input("/dev/null", ["/dev/null"])
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    check_not_input(str(fifo), [str(fifo)])
+    missing = str(tmp_path / "missing.jsonl")
+    proc = run("decode", "--jsonl", missing, "-o", missing)
+    assert proc.returncode == 1 and "is an input of this command" in proc.stderr, proc.stderr
+    assert not os.path.exists(missing)
+    real = tmp_path / "cap.jsonl"
+    real.write_bytes(EXAMPLE.read_bytes())
+    with pytest.raises(OSError, match="is an input of this command"):
+        check_not_input(str(real), [str(real)], parts=True)
+
+
 def test_an_output_beside_its_input_is_written(tmp_path):
     """The check above refuses the input only: an output next to it, in the same
     directory and named like it, is written as before."""
@@ -489,17 +518,19 @@ def test_an_output_beside_its_input_is_written(tmp_path):
 
 @pytest.mark.parametrize("command", [["proxy", "--upstream", "127.0.0.1:1", "--no-tui"],
                                      ["serve", str(EXAMPLE)]])
-def test_a_listen_address_in_use_is_named_in_the_error(command):
+@pytest.mark.parametrize("host", ["127.0.0.1", "::1"])
+def test_a_listen_address_in_use_is_named_in_the_error(command, host):
     """Both commands that listen say it alike: ``cannot listen on HOST:PORT: Address
-    already in use`` (serve gave asyncio's "error while attempting to bind on
-    address ('127.0.0.1', PORT)")."""
-    with socket.socket() as held:
-        held.bind(("127.0.0.1", 0))
+    already in use``, an IPv6 host in brackets as --listen takes it (serve gave
+    asyncio's "error while attempting to bind on address ('127.0.0.1', PORT)")."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as held:
+        held.bind((host, 0))
         held.listen()
         port = held.getsockname()[1]
-        proc = run(*command, "--listen", f"127.0.0.1:{port}", timeout=60)
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        proc = run(*command, "--listen", where, timeout=60)
     assert proc.returncode == 1
-    assert f"kinspect: error: cannot listen on 127.0.0.1:{port}: Address already in use" \
+    assert f"kinspect: error: cannot listen on {where}: Address already in use" \
         in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 

@@ -161,11 +161,33 @@ async def test_answers_are_what_the_recorded_client_got_unless_asked_otherwise(
     assert changed.body.ThrottleTimeMs == 0
     changed.body.ThrottleTimeMs = 7
     rec.response_sent = c.encode_response(changed)
+    other = 2 if rec.api_version != 2 else 1  # (a version the recording did not use)
     async with CaptureBroker(c, flows, as_sent=as_sent) as broker:
-        (resp,) = await exchange(*broker.address, [rec.request])
+        (resp, again) = await exchange(*broker.address,
+                                       [rec.request, request_bytes(18, other, 9)])
     got = c.decode_response(resp, rec.api_key, rec.api_version)
     assert got.correlation_id == rec.correlation_id and got.body.ErrorCode == 0
     assert got.body.ThrottleTimeMs == (7 if as_sent else 0)
+    got = c.decode_response(again, 18, other)  # (re-encoded at the client's version)
+    assert got.correlation_id == 9 and got.body.ThrottleTimeMs == (7 if as_sent else 0)
+
+
+def test_an_untimed_flow_is_served_and_replayed_without_a_recorded_latency(recorded):
+    """A flow whose capture lines gave no time (``untimed``) has no latency: serve
+    waits for its JoinGroup or a reused answer as for one of no known latency, and
+    replay reports none (both used the times as they were: 0 for the missing one,
+    some 1.8e12 ms after it)."""
+    from kinspect.flows import UNTIMED
+    from kinspect.replay import FlowResult
+
+    flows = load_flows(recorded, codec())
+    f = next(f for f in flows if f.api_name == "Metadata")
+    f.request_ns = 0
+    f.flags.add(UNTIMED)
+    assert f.latency_ns is None
+    assert FlowResult(f).to_dict()["recorded_latency_ms"] is None
+    req = codec().decode_request(request_bytes(3, 12, 1, Topics=None))
+    assert CaptureBroker._reuse_delay(req, f) == 0.0
 
 
 async def test_api_versions_newer_than_any_spec_gets_v0_unsupported_version(recorded):

@@ -210,10 +210,13 @@ def stop_session(spark: Any, timeout: float = 30.0) -> None:
     (it ends when its stdin pipe closes), so a command would end with its JVM still
     alive, reparented to init. A JVM that does not exit within ``timeout`` seconds
     is killed. A gateway this process did not launch (``spark-submit`` runs the
-    driver inside its JVM) is left alone. A later session launches a JVM of its own.
+    driver inside its JVM) is left alone. A later session launches a JVM of its own;
+    a second call does nothing.
     """
     from pyspark import SparkContext
 
+    if SparkContext._gateway is None:
+        return  # stopped already (its JVM with it)
     spark.stop()
     gateway = SparkContext._gateway
     proc = getattr(gateway, "proc", None)

@@ -40,6 +40,42 @@ def api_names(codec) -> list[str]:
     return [codec.api_name(k) for k in codec.registry.api_keys()]
 
 
+def check_ignore(args: argparse.Namespace, codec) -> None:
+    """A usage error (``args.usage_error``) for an ``--ignore`` pattern (replay,
+    serve) that could never match: an empty one, ``API:`` naming an api the specs do
+    not define (as ``--filter`` refuses one), or a prefix with nothing after it
+    (``Fetch:``, ``entity:``)."""
+    names = {n.lower() for n in api_names(codec)}
+    for pattern in args.ignore:
+        text = pattern.strip()
+        if not text:
+            args.usage_error(f"argument --ignore: an empty pattern ({pattern!r})")
+        head, sep, rest = text.partition(":")
+        if sep and head != "entity" and head.lower() not in names:
+            args.usage_error(f"argument --ignore: no api is named {head!r} in {pattern!r} "
+                             f"(kinspect specs lists the api names; entity:TYPE for entity "
+                             f"types)")
+        if sep and (not rest.strip() or rest.strip() == "entity:"):
+            args.usage_error(f"argument --ignore: nothing after {text!r}: a field name, "
+                             f"path or entity:TYPE")
+
+
+def hostport_text(host: str, port: int) -> str:
+    """``host:port``, ``[host]:port`` for an IPv6 host (as ``--listen`` takes it)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def listen_error(e: OSError, host: str | list[str], port: int) -> OSError:
+    """``e`` (binding ``host:port`` failed) as ``cannot listen on HOST:PORT: reason``,
+    the system's reason as it gave it (a host name that does not resolve too)."""
+    hosts = host if isinstance(host, list) else [host]
+    where = ", ".join(hostport_text(h, port) for h in hosts)
+    # (asyncio's server words its own strerror; a name lookup's errno is negative)
+    reason = (os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0
+              else e.strerror or str(e))
+    return OSError(e.errno, f"cannot listen on {where}: {reason}")
+
+
 def hostport(text: str) -> tuple[str, int]:
     """argparse type for ``HOST:PORT`` (``[::1]:PORT`` for IPv6)."""
     from ..proxy.server import parse_hostport
@@ -143,15 +179,19 @@ def check_not_input(output: str | None, inputs: Iterable[str | None], *,
                     parts: bool = False) -> None:
     """Refuse an output file that is one of the command's inputs, before anything is
     read or written: writing it would destroy the input (as tshark refuses ``-w``
-    naming the file ``-r`` reads). ``-`` (stdout, stdin) and ``None`` are never files.
+    naming the file ``-r`` reads). ``-`` (stdout, stdin) and ``None`` are never files;
+    an output that exists and is no regular file (a terminal, ``/dev/null``, a pipe)
+    is never refused. (A missing input named as the output is: opening the output
+    would create the input, empty.)
     With ``parts``, the inputs are captures and their rotated parts count too
     (``cap.1.jsonl``..., as the readers follow them).
 
     Raises:
         OSError: ``EINVAL``, naming ``output`` and the input it is.
     """
-    if output is None or output == "-":
-        return
+    if output is None or output == "-" or (os.path.exists(output)
+                                           and not os.path.isfile(output)):
+        return  # (a terminal, /dev/null, a pipe: nothing there to destroy)
     from ..capture import capture_parts
 
     for given in inputs:

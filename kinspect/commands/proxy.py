@@ -14,7 +14,9 @@ from . import (
     add_spec_options,
     api_names,
     hostport,
+    hostport_text,
     is_terminal,
+    listen_error,
     make_codec,
     nonnegative_float,
     positive_float,
@@ -145,8 +147,7 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
     try:
         listen = proxy.listen_address()
     except OSError as e:  # name the address: "[Errno 98] Address already in use" alone does not
-        host, port = proxy.config.listen
-        raise OSError(e.errno, f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+        raise listen_error(e, *proxy.config.listen) from None
     try:
         capture = capture_addon_from_args(args, proxy.config, codec, listen)
         if capture is not None:
@@ -158,10 +159,10 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         if not hasattr(view, "start"):
             # the address bound, and the one clients bootstrap from when it differs
             # (--advertise-host, a wildcard listen address)
-            bound, told = _hostport(listen), _hostport(proxy.address)
+            bound, told = hostport_text(*listen), hostport_text(*proxy.address)
             print(f"kinspect: listening on {bound}"
                   + (f" (clients bootstrap from {told})" if told != bound else "")
-                  + f", forwarding to {_hostport(proxy.config.upstream)}",
+                  + f", forwarding to {hostport_text(*proxy.config.upstream)}",
                   file=sys.stderr, flush=True)
         else:
             # keys select and open rows when someone types at a terminal (stdin)
@@ -173,12 +174,6 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         await proxy.close()
         if len(ruleset):
             err_console.print(ruleset.table())
-
-
-def _hostport(addr: tuple[str, int]) -> str:
-    """``host:port``, ``[host]:port`` for an IPv6 host."""
-    host, port = addr
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _install_signals(stop: asyncio.Event, again: asyncio.Event | None = None) -> None:

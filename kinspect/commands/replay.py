@@ -32,6 +32,7 @@ from . import (
     api_names,
     capture_path,
     check_capture_found,
+    check_ignore,
     check_not_input,
     check_writable,
     hostport,
@@ -40,22 +41,6 @@ from . import (
     plain_help,
     positive_float,
 )
-
-
-def _check_ignore(args: argparse.Namespace, codec) -> None:
-    """A usage error for an ``--ignore`` pattern that could never match: an empty
-    one, or ``API:PATTERN`` naming an api the specs do not define (as ``--filter``
-    refuses one)."""
-    names = {n.lower(): n for n in api_names(codec)}
-    for pattern in args.ignore:
-        text = pattern.strip()
-        if not text:
-            args.usage_error(f"argument --ignore: an empty pattern ({pattern!r})")
-        head, sep, _ = text.partition(":")
-        if sep and head != "entity" and head.lower() not in names:
-            args.usage_error(f"argument --ignore: no api is named {head!r} in {pattern!r} "
-                             f"(kinspect specs lists the api names; entity:TYPE for entity "
-                             f"types)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -111,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
     upstream = args.upstream
     codec = make_codec(args)
-    _check_ignore(args, codec)
+    check_ignore(args, codec)
     flt = parse(args.filter, api_names(codec)) if args.filter else None
     if args.report:
         check_writable(args.report)  # before the replay, not after it has run

@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import signal
 
 from . import (
     add_spec_options,
     capture_path,
     check_capture_found,
+    check_ignore,
     hostport,
+    listen_error,
     make_codec,
     plain_help,
 )
@@ -48,7 +49,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(default: as it forwarded them to the recorded client, with what "
                         "its rules changed)")
     add_spec_options(p)
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, usage_error=p.error)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
     listen = args.listen
     check_capture_found(args.capture)
     codec = make_codec(args)
+    check_ignore(args, codec)
     flows = load_flows(args.capture, codec)
     console = Console(stderr=True)
     broker = CaptureBroker(codec, flows, listen, ignore=list(DEFAULT_IGNORE) + args.ignore,
@@ -77,10 +79,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             await broker.start()
         except OSError as e:  # as the proxy says it: the address, then the system's reason
-            host, port = listen
-            where = ", ".join(host) if isinstance(host, list) else host
-            raise OSError(e.errno, f"cannot listen on {where}:{port}: "
-                          f"{os.strerror(e.errno) if e.errno else e}") from None
+            raise listen_error(e, *listen) from None
         host, port = broker.address
         console.print(f"serving {len(broker.index)} recorded responses from "
                       f"[bold]{escape(args.capture)}[/] on [bold]{escape(host)}:{port}[/]",
