@@ -821,8 +821,9 @@ def _hostport(addr: Any) -> str:
         return addr
     if addr is None:
         return ""
-    host, port = addr[0], addr[1]
-    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    from .proxy.server import format_hostport
+
+    return format_hostport(addr[0], addr[1])
 
 
 def capture_addon_from_args(args: argparse.Namespace, proxy_config: Any,

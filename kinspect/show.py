@@ -735,13 +735,13 @@ def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
         node = tree.add(Text.assemble((label, "bold green"),
                                       f" ({_frame_bytes_info(frame)})"))
         if frame is None:
-            why = ("no response expected (acks=0)" if "no-response" in flow.flags
-                   and flow.api_key == 0 else
-                   # (a request too short for a header: no correlation id to pair by)
-                   "none can be paired with it: it has no request header"
-                   if "no-response" in flow.flags and flow.api_key < 0 else
-                   "no response expected" if "no-response" in flow.flags else
-                   "connection closed first" if "closed" in flow.flags else "no response")
+            if "no-response" in flow.flags:
+                # (a request too short for a header: no correlation id to pair by)
+                why = ("no response expected (acks=0)" if flow.api_key == 0 else
+                       "none can be paired with it: it has no request header"
+                       if flow.api_key < 0 else "no response expected")
+            else:
+                why = "connection closed first" if "closed" in flow.flags else "no response"
             node.add(Text(why, style="dim"))
             continue
         if msg is None:

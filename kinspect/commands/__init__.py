@@ -60,16 +60,13 @@ def check_ignore(args: argparse.Namespace, codec) -> None:
                              f"path or entity:TYPE")
 
 
-def hostport_text(host: str, port: int) -> str:
-    """``host:port``, ``[host]:port`` for an IPv6 host (as ``--listen`` takes it)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def listen_error(e: OSError, host: str | list[str], port: int) -> OSError:
     """``e`` (binding ``host:port`` failed) as ``cannot listen on HOST:PORT: reason``,
     the system's reason as it gave it (a host name that does not resolve too)."""
+    from ..proxy.server import format_hostport
+
     hosts = host if isinstance(host, list) else [host]
-    where = ", ".join(hostport_text(h, port) for h in hosts)
+    where = ", ".join(format_hostport(h, port) for h in hosts)
     # (asyncio's server words its own strerror; a name lookup's errno is negative)
     reason = (os.strerror(e.errno) if isinstance(e.errno, int) and e.errno > 0
               else e.strerror or str(e))

@@ -14,7 +14,6 @@ from . import (
     add_spec_options,
     api_names,
     hostport,
-    hostport_text,
     is_terminal,
     listen_error,
     make_codec,
@@ -159,10 +158,12 @@ async def _serve(args: argparse.Namespace, proxy: Any, title: str,
         if not hasattr(view, "start"):
             # the address bound, and the one clients bootstrap from when it differs
             # (--advertise-host, a wildcard listen address)
-            bound, told = hostport_text(*listen), hostport_text(*proxy.address)
+            from ..proxy.server import format_hostport
+
+            bound, told = format_hostport(*listen), format_hostport(*proxy.address)
             print(f"kinspect: listening on {bound}"
                   + (f" (clients bootstrap from {told})" if told != bound else "")
-                  + f", forwarding to {hostport_text(*proxy.config.upstream)}",
+                  + f", forwarding to {format_hostport(*proxy.config.upstream)}",
                   file=sys.stderr, flush=True)
         else:
             # keys select and open rows when someone types at a terminal (stdin)

@@ -140,6 +140,12 @@ def parse_hostport(text: str, default_host: str = "127.0.0.1") -> tuple[str, int
     return host or default_host, port_n
 
 
+def format_hostport(host: Any, port: int) -> str:
+    """``host:port``, ``[host]:port`` for an IPv6 host: what :func:`parse_hostport`
+    reads back."""
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 @dataclass
 class ProxyConfig:
     """Settings of a :class:`Proxy`.
