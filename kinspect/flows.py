@@ -21,6 +21,8 @@ CLOSED = "closed"              # the connection closed before the response came
 REDACTED = "redacted"          # a capture line of the flow had secrets replaced (either way)
 REDACTED_REQUEST = "redacted-request"  # ... the request's line (see kinspect.capture)
 UNTIMED = "untimed"            # a capture line of the flow has no time (no latency then)
+TRAILING = "trailing-bytes"    # a frame has bytes after its message, which Kafka's parsers
+                               # do not read (decoded without them, forwarded with them)
 
 
 class Flow:

@@ -358,7 +358,8 @@ def flow_row(flow: Any, topic_ids: TopicIds | None = None, *,
 
 
 def _row_style(flow: Any, row: dict[str, str]) -> str | None:
-    return "red" if row["error"] else ("yellow" if "undecoded" in flow.flags else None)
+    return "red" if row["error"] else (
+        "yellow" if flow.flags & {"undecoded", "trailing-bytes"} else None)
 
 
 def _table_shell(rows: list[dict[str, str]], title: str | None) -> Table:
@@ -584,6 +585,10 @@ def message_nodes(node: Tree, msg: Any, limit: int | None = 64,
     bv = getattr(msg, "body_version", api_version if api_version is not None
                   else getattr(msg, "api_version", None))
     _struct_tree(node.add(Text(f"body v{bv}", style="bold")), msg.body, limit, topic_ids, bv)
+    trailing = getattr(msg, "trailing", b"")
+    if trailing:
+        node.add(Text(f"{len(trailing)} trailing bytes after the body, which Kafka's parsers "
+                      f"do not read: {render_bytes(trailing, limit)}", style="yellow"))
     return True
 
 

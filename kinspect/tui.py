@@ -1267,7 +1267,7 @@ def _encodable(text: str, encoding: str) -> str:
 
 
 def _style(flow: Flow) -> str | None:
-    if flow.flags & {"undecoded", "unpaired", "closed"}:
+    if flow.flags & {"undecoded", "trailing-bytes", "unpaired", "closed"}:
         return "yellow"
     if flow.error_code:
         return "red"

@@ -2109,8 +2109,10 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     was read (``Proxy.response_check``): one without the tag, also with another
     (unknown) top-level tag, goes out as read, never through the generic rewrite
     step (``Connection._rewrite_frame``); one with the tag is rewritten to this
-    proxy's listener for the broker it names; one with a byte after its body falls
-    back to the generic step, is forwarded unchanged and flagged undecoded. An
+    proxy's listener for the broker it names; one with a byte after its body (which
+    Kafka's parsers do not read) falls back to the generic step, is forwarded
+    unchanged and flagged trailing-bytes, or, with the tag too, rewritten with the
+    byte kept after the body. An
     answer with the tag to an acks=0 Produce (which expects none; the request's
     Acks is not read on the short path) is forwarded as read, unpaired, as on the
     long path. Real peers: the answers come from Tansu through a second kinspect
@@ -2127,7 +2129,8 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     c = codec()
     ep = struct_class(c.registry.response(0).struct.field("NodeEndpoints").struct)
     host, port = tansu.bootstrap.rsplit(":", 1)
-    kinds = ["plain", "unknown tag", "node endpoints", "trailing byte"]
+    kinds = ["plain", "unknown tag", "node endpoints", "trailing byte",
+             "node endpoints, trailing byte"]
 
     def kind_of(corr: int) -> str:
         return kinds[corr % len(kinds)]
@@ -2148,8 +2151,9 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
         resp = c.decode_response(frame_, 0, 10)
         if kind == "unknown tag":
             resp.body.unknown_tags = {7: b"seven"}
-        elif kind == "node endpoints":
+        elif kind.startswith("node endpoints"):
             resp.body.NodeEndpoints = [ep(NodeId=1, Host=host, Port=int(port), Rack=None)]
+            resp.trailing = b"\x00" if kind.endswith("trailing byte") else b""
         elif kind == "trailing byte":
             return frame_ + b"\x00"
         return c.encode_response(resp) if kind != "plain" else None
@@ -2204,7 +2208,7 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
     assert stray not in generic
     flows = {f.correlation_id: f for f in flows if f.api_key == 0 and f.correlation_id != stray}
     assert sorted(flows) == list(range(40, 60))
-    assert stats.rewritten == 5
+    assert stats.rewritten == 8
     assert listener is not None, "no listener for the broker NodeEndpoints named"
     for corr, f in flows.items():
         kind = kind_of(corr)
@@ -2213,15 +2217,19 @@ def test_short_path_scans_produce_v10_answers_for_node_endpoints_in_place(
             assert got[corr] == f.response, kind
             body = c.decode_response(got[corr], 0, 10).body
             assert (body.unknown_tags == {7: b"seven"}) == (kind == "unknown tag")
-        elif kind == "node endpoints":
-            assert f.flags == {"rewritten"}, f
-            nodes = c.decode_response(got[corr], 0, 10).body.NodeEndpoints
+        elif kind.startswith("node endpoints"):
+            trailing = b"\x00" if kind.endswith("trailing byte") else b""
+            assert f.flags == ({"rewritten", "trailing-bytes"} if trailing else
+                               {"rewritten"}), f
+            answer = c.decode_response(got[corr], 0, 10)
+            nodes = answer.body.NodeEndpoints
             assert [(n.Host, n.Port) for n in nodes] == [(advertised, listener.port)]
             assert got[corr] == f.response_sent != f.response
+            assert answer.trailing == trailing
         else:
-            assert f.flags == {"undecoded"}, f
+            assert f.flags == {"trailing-bytes"}, f
             assert got[corr] == f.response and got[corr].endswith(b"\x00")
-    tagged = [corr for corr in flows if kind_of(corr) in ("node endpoints", "trailing byte")]
+    tagged = [corr for corr in flows if kind_of(corr) != "plain" and kind_of(corr) != "unknown tag"]
     assert set(tagged) <= set(generic), "an answer with the tag was not rewritten"
     scanned = [corr for corr in generic if kind_of(corr) in ("plain", "unknown tag")]
     if scan_tags is None:  # (KINSPECT_NATIVE=0)

@@ -217,12 +217,25 @@ def test_placeholders_and_unchanged_addresses_leave_the_frame_alone():
     assert REWRITER.splice(10, 2, same, offset, lambda n, h, p: (h, p)) == (same, 0)
 
 
-def test_a_body_that_does_not_end_with_the_frame_is_a_decode_error():
+def test_a_body_cut_short_is_a_decode_error():
     frame = _frame(CODEC, 10, 2, _cls(10)(NodeId=1, Host="h", Port=1))
     offset = CODEC.decode_response(frame, 10, 2, body=False).body_offset
-    for bad in (frame + b"\x00", frame[:-1]):
-        with pytest.raises(DecodeError):
-            REWRITER.splice(10, 2, bad, offset, _mapper)
+    with pytest.raises(DecodeError):
+        REWRITER.splice(10, 2, frame[:-1], offset, _mapper)
+
+
+def test_bytes_after_the_body_stay_after_it():
+    """Kafka's parsers do not read past a message, so a client acts on the
+    addresses of a response with bytes after its body: they are rewritten, and the
+    bytes after stay as they were (as ``Codec.encode_response`` writes them)."""
+    frame = _frame(CODEC, 10, 2, _cls(10)(NodeId=1, Host="h", Port=1))
+    offset = CODEC.decode_response(frame, 10, 2, body=False).body_offset
+    new, changed = REWRITER.splice(10, 2, frame + b"\x07\x00", offset, _mapper)
+    resp = CODEC.decode_response(new, 10, 2)
+    assert changed == 1 and resp.trailing == b"\x07\x00"
+    assert (resp.body.Host, resp.body.Port) == _mapper(1, "h", 1)
+    resp.trailing = b""
+    assert new == CODEC.encode_response(resp) + b"\x07\x00"
 
 
 def test_ports_in_varint_encodings_are_spliced_in_their_encoding():

@@ -10,6 +10,14 @@ Header versions (Kafka protocol guide; KIP-482; KIP-511):
   a v0 body carrying error 35 (UNSUPPORTED_VERSION); such a body is decoded as v0.
 
 Frames here never include the 4-byte size prefix (see :mod:`kinspect.codec.frames`).
+
+Bytes after a message, inside its frame, are kept and not refused: Kafka's own
+parsers (the broker's request parsing, the Java client's response parsing) read a
+message's fields and do not look past them, so such a frame is answered, and what
+its receiver acts on is the message without them. librdkafka writes some (its
+Metadata request for all topics in flexible versions, librdkafka issue 5049). A
+decoded frame keeps them in ``trailing``, and encoding writes them back after the
+message, so the frame stays byte-for-byte what it was.
 """
 
 from __future__ import annotations
@@ -61,14 +69,18 @@ class Request:
         body: the request body value (``None`` when only the header was decoded).
         body_offset: where the body starts in the frame.
         api_name: ``"Metadata"`` etc.
+        trailing: the frame's bytes after the body, which Kafka's parsers do not
+            read (``b""`` almost always; see the module docstring); encoding writes
+            them back after the body.
     """
 
     __slots__ = ("api_key", "api_version", "correlation_id", "client_id", "header_version",
-                 "header", "body", "body_offset", "api_name")
+                 "header", "body", "body_offset", "api_name", "trailing")
 
     def __init__(self, api_key: int, api_version: int, correlation_id: int,
                  client_id: str | None, header_version: int, header: Struct | None,
-                 body: Struct | None, body_offset: int, api_name: str):
+                 body: Struct | None, body_offset: int, api_name: str,
+                 trailing: bytes = b""):
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id
@@ -78,18 +90,23 @@ class Request:
         self.body = body
         self.body_offset = body_offset
         self.api_name = api_name
+        self.trailing = trailing
 
     def to_dict(self) -> dict[str, Any]:
         """``{"api": ..., "api_key": ..., "api_version": ..., "header_version": ...,
         "header": {...}, "body": {...}}`` (JSON-able): the header's and the body's
-        fields on the wire at their versions (:meth:`Struct.to_dict` with a version)."""
-        return {
+        fields on the wire at their versions (:meth:`Struct.to_dict` with a version);
+        with ``"trailing": "<hex>"`` when the frame has bytes after the body."""
+        d = {
             "api": self.api_name, "api_key": self.api_key, "api_version": self.api_version,
             "header_version": self.header_version,
             "header": (self.header.to_dict(self.header_version)
                        if self.header is not None else None),
             "body": self.body.to_dict(self.api_version) if self.body is not None else None,
         }
+        if self.trailing:
+            d["trailing"] = self.trailing.hex()
+        return d
 
     def __repr__(self) -> str:
         return (f"Request({self.api_name} v{self.api_version}, correlation_id="
@@ -106,14 +123,16 @@ class Response:
         body_version: the version the body was decoded at (differs from
             ``api_version`` only for an ApiVersions error answered as v0).
         header, body: decoded values.
+        trailing: the frame's bytes after the body (as :class:`Request`'s).
     """
 
     __slots__ = ("api_key", "api_version", "correlation_id", "header_version", "header",
-                 "body", "body_offset", "api_name", "body_version")
+                 "body", "body_offset", "api_name", "body_version", "trailing")
 
     def __init__(self, api_key: int, api_version: int, correlation_id: int,
                  header_version: int, header: Struct | None, body: Struct | None,
-                 body_offset: int, api_name: str, body_version: int):
+                 body_offset: int, api_name: str, body_version: int,
+                 trailing: bytes = b""):
         self.api_key = api_key
         self.api_version = api_version
         self.correlation_id = correlation_id
@@ -123,10 +142,12 @@ class Response:
         self.body_offset = body_offset
         self.api_name = api_name
         self.body_version = body_version
+        self.trailing = trailing
 
     def to_dict(self) -> dict[str, Any]:
         """As :meth:`Request.to_dict`, the body's fields at :attr:`body_version`
-        (with ``"body_version"`` when it differs from ``api_version``)."""
+        (with ``"body_version"`` when it differs from ``api_version``, and
+        ``"trailing"`` as there)."""
         d = {
             "api": self.api_name, "api_key": self.api_key, "api_version": self.api_version,
             "header_version": self.header_version,
@@ -136,10 +157,23 @@ class Response:
         }
         if self.body_version != self.api_version:
             d["body_version"] = self.body_version
+        if self.trailing:
+            d["trailing"] = self.trailing.hex()
         return d
 
     def __repr__(self) -> str:
         return f"Response({self.api_name} v{self.api_version}, correlation_id={self.correlation_id})"
+
+
+def _decode_body(codec: MessageCodec, frame: bytes, version: int, pos: int,
+                 strict: bool) -> tuple[Struct, bytes]:
+    """The body at ``frame[pos:]`` and the bytes after it (``b""`` when it ends the
+    frame). Raises DecodeError as :meth:`MessageCodec.decode` does, for bytes after
+    the body too when ``strict``."""
+    if strict:
+        return codec.decode(frame, version, pos), b""
+    body, end = codec.decode_from(frame, version, pos)
+    return body, (frame[end:] if end < len(frame) else b"")
 
 
 class Codec:
@@ -201,8 +235,12 @@ class Codec:
         return name
 
     # -- requests --------------------------------------------------------------
-    def decode_request(self, frame: bytes, *, body: bool = True) -> Request:
+    def decode_request(self, frame: bytes, *, body: bool = True,
+                       strict: bool = False) -> Request:
         """Decode a request frame; with ``body=False`` only the header (lazy).
+
+        Bytes after the body are kept in :attr:`Request.trailing` (Kafka's parsers
+        ignore them: see the module docstring); with ``strict`` they are an error.
 
         Raises:
             DecodeError: malformed frame, or an api key/version no spec defines
@@ -228,14 +266,15 @@ class Codec:
         if body:
             codec = self.registry.codec(self.registry.request(api_key))
             try:
-                req.body = codec.decode(frame, api_version, pos)
+                req.body, req.trailing = _decode_body(codec, frame, api_version, pos, strict)
             except DecodeError as e:
                 e.api = name
                 raise
         return req
 
     def encode_request(self, req: Request) -> bytes:
-        """Encode header and body (without the size prefix).
+        """Encode header and body (without the size prefix), then
+        :attr:`Request.trailing`.
 
         Raises:
             EncodeError: see :meth:`MessageCodec.encode`.
@@ -251,6 +290,7 @@ class Codec:
         out = bytearray()
         self._req_header.encode_into(header, req.header_version, out)
         self.registry.codec(spec).encode_into(req.body, req.api_version, out)
+        out += req.trailing
         return bytes(out)
 
     # -- responses -------------------------------------------------------------
@@ -269,7 +309,8 @@ class Codec:
                                 api_version: int) -> frozenset[int]:
         """Tag numbers in the top-level tag section of a response body, without
         decoding the body (see :meth:`MessageCodec.top_level_tags
-        <kinspect.codec.registry.MessageCodec.top_level_tags>`).
+        <kinspect.codec.registry.MessageCodec.top_level_tags>`); bytes after the
+        body are allowed, as in :meth:`decode_response`.
 
         Raises:
             DecodeError: malformed frame, or no spec for the api key/version.
@@ -283,7 +324,7 @@ class Codec:
             program, plan = found
             if plan == 4 or frame[4] == 0:
                 got = _native_scan(program, frame, plan, len(frame))
-                if got is not None and got[0] == len(frame):
+                if got is not None:  # (it ends at or before the end of the frame)
                     return frozenset(got[1])
         hv = self.response_header_version(api_key, api_version)
         spec = self.registry.response(api_key)
@@ -298,7 +339,7 @@ class Codec:
             # refused with a v0 body (KIP-511), as decode_response reads it: no tags
             if self.decode_response(frame, api_key, api_version).body_version == 0:
                 return frozenset()
-        return self.registry.codec(spec).top_level_tags(frame, api_version, pos)
+        return self.registry.codec(spec).top_level_tags(frame, api_version, pos, trailing=True)
 
     def response_tag_scanner(self, api_key: int, api_version: int) -> tuple[Any, int] | None:
         """How to find the top-level tags of a response body in place, for a caller
@@ -357,8 +398,9 @@ class Codec:
         return 4 if hv == 0 else 5
 
     def decode_response(self, frame: bytes, api_key: int, api_version: int, *,
-                        body: bool = True) -> Response:
-        """Decode a response to a request of ``(api_key, api_version)``.
+                        body: bool = True, strict: bool = False) -> Response:
+        """Decode a response to a request of ``(api_key, api_version)``; bytes after
+        the body as in :meth:`decode_request`.
 
         Raises:
             DecodeError: malformed frame, or no spec for the api key/version.
@@ -371,10 +413,10 @@ class Codec:
                 and len(frame) >= 6 and _H(frame, 4)[0] == UNSUPPORTED_VERSION:
             # a version newer than the loaded specs, refused with a v0 body (KIP-511)
             header, pos = self._resp_header.decode_from(frame, 0, 0)
-            body_ = self.registry.codec(self.registry.response(api_key)).decode(frame, 0, pos) \
-                if body else None
+            body_, trailing = _decode_body(self.registry.codec(self.registry.response(api_key)),
+                                           frame, 0, pos, strict) if body else (None, b"")
             return Response(api_key, api_version, header.CorrelationId, 0, header, body_, pos,
-                            name, 0)
+                            name, 0, trailing)
         if hv is None:
             spec = self.registry.response(api_key)
             reason = (f"no spec for api key {api_key}" if spec is None else
@@ -391,18 +433,28 @@ class Codec:
                     and _H(frame, pos)[0] == UNSUPPORTED_VERSION):
                 version = 0
             try:
-                resp.body = codec.decode(frame, version, pos)
+                # (a v0 body must fill the frame: a body of the version asked for,
+                # longer, would otherwise pass as v0 with bytes after it)
+                resp.body, resp.trailing = _decode_body(codec, frame, version, pos,
+                                                        strict or version != api_version)
             except DecodeError as e:
                 if version == api_version:
                     e.api = name
                     raise
-                resp.body = codec.decode(frame, api_version, pos)
-                version = api_version
+                try:
+                    resp.body, resp.trailing = _decode_body(codec, frame, api_version, pos,
+                                                            strict)
+                    version = api_version
+                except DecodeError:
+                    if strict:
+                        raise
+                    resp.body, resp.trailing = _decode_body(codec, frame, version, pos, False)
             resp.body_version = version
         return resp
 
     def encode_response(self, resp: Response) -> bytes:
-        """Encode header and body (without the size prefix).
+        """Encode header and body (without the size prefix), then
+        :attr:`Response.trailing`.
 
         Raises:
             EncodeError: see :meth:`MessageCodec.encode`.
@@ -416,6 +468,7 @@ class Codec:
         out = bytearray()
         self._resp_header.encode_into(header, resp.header_version, out)
         self.registry.codec(spec).encode_into(resp.body, resp.body_version, out)
+        out += resp.trailing
         return bytes(out)
 
     def request_codec(self, api_key: int) -> MessageCodec:

@@ -426,11 +426,12 @@ class MessageCodec:
                 _gc_enable()
 
     def top_level_tags(self, buf: bytes, version: int, pos: int = 0,
-                       end: int | None = None) -> frozenset[int]:
+                       end: int | None = None, *, trailing: bool = False) -> frozenset[int]:
         """The tag numbers in the top-level tag section (KIP-482) of the message in
         ``buf[pos:end]``, known and unknown, found by walking the message without
         building it (the C fast path's ``scan``, else :mod:`kinspect.codec.scan`);
-        empty for non-flexible versions.
+        empty for non-flexible versions. With ``trailing``, the message may end
+        before ``end`` (as :meth:`decode_from`'s), else it must end there.
 
         Raises:
             DecodeError: malformed input (with the path and offset a full decode
@@ -443,7 +444,7 @@ class MessageCodec:
             cv = self.compiled(version)
             if cv.native is not None:
                 got = _native_scan(cv.native, buf, pos, end)  # None: not accepted
-                if got is not None and got[0] == end:
+                if got is not None and (got[0] == end or trailing):
                     return frozenset(got[1])
         scan = self._scanners.get(version)
         if scan is None:
@@ -456,11 +457,12 @@ class MessageCodec:
             scan = self._scanners[version] = compile_scanner(self.spec, version)
         try:
             p, tags = scan(buf, pos, end)
-            if p == end:
+            if p == end or (trailing and p < end):
                 return frozenset(tags)
         except _DECODE_FAILURES:
             pass
-        self.decode(buf, version, pos, end)  # raises the precise DecodeError
+        # raises the precise DecodeError
+        (self.decode_from if trailing else self.decode)(buf, version, pos, end)
         raise DecodeError("the message decodes but its scan failed (a kinspect bug)",
                           offset=pos, api=self.api, version=version)
 

@@ -158,15 +158,16 @@ def strip_size_prefix(data: bytes, mode: str) -> bytes:
 
 def message_to_dict(msg: Any) -> dict[str, Any]:
     """A decoded Request/Response as JSON-able dict (``type``, ``api``, ``api_key``,
-    ``api_version``, ``correlation_id``, ``header_version``, ``header``, ``body``
-    and, for a response decoded at another version, ``body_version``)."""
+    ``api_version``, ``correlation_id``, ``header_version``, ``header``, ``body``;
+    for a response decoded at another version, ``body_version``; for a frame with
+    bytes after its body, which Kafka's parsers do not read, ``trailing`` as hex)."""
     from ..codec import Request
 
     d = {"type": "request" if isinstance(msg, Request) else "response"}
     d.update(msg.to_dict())
     d["correlation_id"] = msg.correlation_id
     order = ["type", "api", "api_key", "api_version", "correlation_id", "header_version",
-             "body_version", "header", "body"]
+             "body_version", "header", "body", "trailing"]
     return {k: d[k] for k in order if k in d}
 
 
@@ -219,10 +220,20 @@ def message_from_dict(codec: Any, d: dict[str, Any]) -> Any:
         corr = header.CorrelationId
     if corr is None:
         raise EncodeError("missing correlation_id (or header)")
+    trailing = d.get("trailing") or ""
+    try:
+        if type(trailing) is not str:
+            raise ValueError
+        trailing = bytes.fromhex(trailing)
+    except ValueError:
+        raise EncodeError(f"'trailing' must be a string of hex digits, "
+                          f"got {json.dumps(d.get('trailing'))}") from None
     if kind == "request":
         client_id = header.ClientId if header is not None and hv >= 1 else d.get("client_id")
-        return Request(api_key, api_version, corr, client_id, hv, header, body, 0, name)
-    return Response(api_key, api_version, corr, hv, header, body, 0, name, body_version)
+        return Request(api_key, api_version, corr, client_id, hv, header, body, 0, name,
+                       trailing)
+    return Response(api_key, api_version, corr, hv, header, body, 0, name, body_version,
+                    trailing)
 
 
 def encode_message(codec: Any, msg: Any) -> bytes:

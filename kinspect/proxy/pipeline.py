@@ -43,7 +43,7 @@ from collections import deque
 from typing import Any
 
 from ..codec import Codec, DecodeError
-from ..flows import SKIPPED, UNDECODED, Flow, top_level_error_code
+from ..flows import SKIPPED, TRAILING, UNDECODED, Flow, top_level_error_code
 
 log = logging.getLogger("kinspect.pipeline")
 
@@ -58,8 +58,9 @@ EVENT_COST = 1024
 def decode_flow(codec: Codec, flow: Flow) -> None:
     """Decode a flow's request and response in place (``request_decoded``,
     ``response_decoded``, ``client_id``, ``error_code``); a failure sets the
-    ``undecoded`` flag and ``error`` instead of raising. Decoding a flow again
-    (its decoded values let go) adds no error text it already has."""
+    ``undecoded`` flag and ``error`` instead of raising, bytes after a message
+    (which Kafka's parsers do not read) the ``trailing-bytes`` flag. Decoding a flow
+    again (its decoded values let go) adds no error text it already has."""
     errors = []
     if flow.api_key >= 0 and flow.request_decoded is None and flow.request:
         try:
@@ -81,6 +82,9 @@ def decode_flow(codec: Codec, flow: Flow) -> None:
     if flow.response_decoded is not None:
         resp = flow.response_decoded
         flow.error_code = top_level_error_code(resp.body, getattr(resp, "body_version", None))
+    for msg in (flow.request_decoded, flow.response_decoded):
+        if msg is not None and msg.trailing:
+            flow.flags.add(TRAILING)
     if errors:
         flow.flags.add(UNDECODED)
         had = flow.error.split("; ") if flow.error else []

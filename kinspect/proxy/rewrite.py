@@ -143,10 +143,13 @@ class AddressRewriter:
             frame: the response frame without its size prefix (header included).
             body_offset: where its body starts.
 
+        Bytes after the body (which Kafka's parsers ignore: see
+        :mod:`kinspect.codec.protocol`) stay as they are after it.
+
         Returns:
             ``(new frame, endpoints changed)``; the frame itself when none changed.
         Raises:
-            DecodeError: the body does not walk to the end of the frame.
+            DecodeError: the body does not walk (it runs past the end of the frame).
             Unspliceable: a ``Host`` or ``Port`` of this version is a tagged field
                 or missing (no Kafka spec has one; use :meth:`rewrite`).
         """
@@ -158,9 +161,8 @@ class AddressRewriter:
             end, spans, sizes = located.locate(frame, body_offset, len(frame))
         except (IndexError, struct.error):
             raise DecodeError("truncated response", offset=len(frame)) from None
-        if end != len(frame):
-            raise DecodeError(f"{len(frame) - end} bytes after the response's body",
-                              offset=end, expected="the end of the frame")
+        if end > len(frame):
+            raise DecodeError("truncated response", offset=len(frame))
         groups: dict[tuple[int, int], dict[int, tuple[int, int]]] = {}
         for g, i, a, b in spans:
             groups.setdefault((g, i // 3), {})[i % 3] = (a, b)
