@@ -14,12 +14,14 @@ shared by ``kinspect proxy --capture``, ``show``, ``export``, replay and analysi
     {"type": "frame", "ts_ns": <time.time_ns()>, "conn": <int>, "dir": "req"|"resp",
      "client": "h:p", "upstream": "h:p", "flow": <int>, "api_key": <int>,
      "api_version": <int>, "correlation_id": <int>, "frame": "<base64>",
-     ["frame_sent": "<base64>"], ["flags": [...]], ["redacted": true]}
+     ["frame_sent": "<base64>"], ["flags": [...]], ["notes": [...]], ["redacted": true]}
 
   ``frame`` is the frame as received (without the 4-byte size prefix);
   ``frame_sent`` the bytes actually forwarded when they differ (address
   rewriting, mutation). ``api_key`` is -1 for raw SASL tokens and unpaired
-  responses.
+  responses. ``notes``: what the proxy noted on the flow so far, in order (the
+  rules that changed a frame, why rules or a rewrite were not applied); a response
+  line repeats its request line's.
 * connection lines: ``{"type": "conn", "event": "open"|"close", "ts_ns", "conn",
   "client", "upstream"}``.
 
@@ -772,6 +774,8 @@ class CaptureWriter(CaptureHooks):
         head = _frame_head(flow, direction, ts_ns)
         if flow.flags:
             head += b',"flags":' + json.dumps(sorted(flow.flags), separators=(",", ":")).encode()
+        if flow.notes:
+            head += b',"notes":' + json.dumps(flow.notes, separators=(",", ":")).encode()
         if redacted:
             head += b',"redacted":true'
             self.redacted += 1
@@ -1088,10 +1092,10 @@ def _bad_value(rec: dict[str, Any]) -> str | None:
         v = rec.get(key)
         if v is not None and type(v) is not str:
             return f"{key!r} must be a string, got {json.dumps(v)}"
-    flags = rec.get("flags")
-    if flags is not None and (type(flags) is not list
-                              or any(type(f) is not str for f in flags)):
-        return f"'flags' must be a list of strings, got {json.dumps(flags)}"
+    for key in ("flags", "notes"):
+        v = rec.get(key)
+        if v is not None and (type(v) is not list or any(type(f) is not str for f in v)):
+            return f"{key!r} must be a list of strings, got {json.dumps(v)}"
     return None
 
 
@@ -1378,6 +1382,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 flow.request, flow.request_ns = frame, ts
             flow.request_sent = sent
             flow.flags |= flags
+            _add_notes(flow, rec.get("notes"))
             if NO_RESPONSE not in flags and name != "Malformed":
                 if SASL_TOKEN in flow.flags:
                     inflight.setdefault(conn, {})[id(flow)] = flow
@@ -1415,6 +1420,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
             flow.response, flow.response_ns = frame, ts
             flow.response_sent = sent
             flow.flags |= flags
+            _add_notes(flow, rec.get("notes"))
             if (flow.api_key == _SASL_HANDSHAKE and flow.api_version == 0 and len(frame) >= 6
                     and frame[4:6] == b"\x00\x00"):
                 sasl_raw[conn] = True
@@ -1433,6 +1439,13 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                 decode_flow(codec, f)
     cap.flows = order
     return cap
+
+
+def _add_notes(flow: Flow, notes: list[str] | None) -> None:
+    """Add a frame line's notes the flow does not have yet (a response line
+    repeats its request line's), in order."""
+    if notes:
+        flow.notes.extend(n for n in notes if n not in flow.notes)
 
 
 def load_capture(path: str | os.PathLike, codec: Codec | None = None, *,

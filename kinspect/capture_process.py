@@ -404,7 +404,7 @@ class CaptureProcess(CaptureHooks):
         header = ("f", ts_ns, flow.conn, direction, flow.client, flow.upstream, flow.id,
                   flow.api_key, flow.api_version, flow.correlation_id,
                   tuple(sorted(flow.flags)) if flow.flags else (), len(frame),
-                  -1 if sent is None else len(sent))
+                  -1 if sent is None else len(sent), tuple(flow.notes) if flow.notes else ())
         if self._send(header, frame) if sent is None else self._send(header, frame, sent):
             self.frames += 1
 
@@ -649,9 +649,10 @@ def _apply(writer: Any, h: tuple, payload: memoryview | bytes) -> None:
         writer._conn_line(conn, event, ts)
         return
     (_, ts, conn_id, direction, client, upstream, flow_id, api_key, api_version, corr, flags,
-     fl, sl) = h
+     fl, sl, notes) = h
     flow = Flow(flow_id, conn_id, client, upstream, api_key, api_version, corr, "", b"", ts)
     flow.flags = set(flags)
+    flow.notes = list(notes)
     frame = payload[:fl] if sl >= 0 else payload
     sent = payload[fl:] if sl >= 0 else None
     writer.write_frame(flow, direction, frame, sent, ts)

@@ -46,6 +46,8 @@ class Flow:
         error: the decode error text, if any.
         error_code: the response's top-level ErrorCode (``None`` if it has none).
         flags: set of flag names (module constants).
+        notes: what the proxy noted on the flow, in order: the rules that changed
+            a frame, why rules or an address rewrite were not applied (texts).
     """
 
     __slots__ = ("id", "conn", "client", "upstream", "api_key", "api_version", "correlation_id",

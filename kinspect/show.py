@@ -732,6 +732,8 @@ def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
     tree = Tree(title)
     if flow.error:
         tree.add(Text(f"decode error: {printable(str(flow.error))}", style="red"))
+    for note in flow.notes:
+        tree.add(Text(f"note: {printable(str(note))}", style="dim"))
     for direction, label, frame, msg in (
             ("req", "request", flow.request, flow.request_decoded),
             ("resp", "response", flow.response, flow.response_decoded)):
@@ -849,7 +851,8 @@ def _msg_json(msg: Any, frame: bytes | None, limit: int | None) -> dict[str, Any
 
 def flow_json(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | None = None,
               limit: int | None = 64) -> dict[str, Any]:
-    """One flow as a JSON-able dict: metadata, ``request``/``response`` (``size``,
+    """One flow as a JSON-able dict: metadata (``notes``: what the proxy noted on
+    it, see :attr:`Flow.notes <kinspect.flows.Flow>`), ``request``/``response`` (``size``,
     ``header``, ``body`` as ``to_dict`` with every ``records`` field replaced by
     ``{"size", "base64", "record_set"|"error"}``), ``records`` summary and
     ``diff`` (``{"req": ..., "resp": ...}`` from :func:`frame_diff`) when frames were
@@ -860,7 +863,7 @@ def flow_json(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
         "api_version": flow.api_version, "correlation_id": flow.correlation_id,
         "request_ns": flow.request_ns, "response_ns": flow.response_ns,
         "latency_ns": flow.latency_ns, "flags": sorted(flow.flags), "error": flow.error,
-        "error_code": flow.error_code, "error_name": error_name(flow.error_code) or None,
+        "notes": list(flow.notes), "error_code": flow.error_code, "error_name": error_name(flow.error_code) or None,
         "request": _msg_json(flow.request_decoded, flow.request if flow.request else None,
                              limit),
         "response": _msg_json(flow.response_decoded, flow.response, limit),

@@ -941,6 +941,48 @@ async def test_capture_process_waits_for_a_full_pipe_and_loses_nothing(tmp_path)
     assert (tmp_path / "child.jsonl").read_bytes() == (tmp_path / "mine.jsonl").read_bytes()
 
 
+async def test_the_proxy_s_notes_on_a_flow_are_kept_by_both_writers_and_shown(tmp_path):
+    """A flow's notes (the rule that changed it, why a rule was not applied) go on
+    its frame lines, the response line repeating the request line's; the child
+    process writes the same bytes; reading the capture gives the notes once each,
+    in order, and ``show --flow`` and its JSON show them."""
+    import io
+
+    from rich.console import Console
+
+    from kinspect.capture import load_capture
+    from kinspect.show import flow_json, flow_tree
+
+    start = time.time_ns()
+    child = CaptureProcess(tmp_path / "child.jsonl", CODEC, upstream="u:1", start_ns=start)
+    mine = CaptureWriter(tmp_path / "mine.jsonl", CODEC, upstream="u:1", start_ns=start)
+    req = request_frame(3, 12, 5, Topics=None)
+    flow = make_flow(1, 3, 12, 5, req, None)
+    plain = make_flow(2, 3, 12, 6, request_frame(3, 12, 6, Topics=None), None)
+    try:
+        for w in (child, mine):
+            flow.notes = ["rule --inject #1: inject Metadata:request:top:tag=9"]
+            w.on_request(flow)
+            w.on_request(plain)
+            flow.notes.append("rules not applied: cannot decode the response: \x1b[31m")
+            flow.response, flow.response_ns = response_frame(3, 12, 5), start + 9
+            w.on_flow(flow)
+    finally:
+        await child.aclose()
+        mine.close()
+    assert (tmp_path / "child.jsonl").read_bytes() == (tmp_path / "mine.jsonl").read_bytes()
+    lines = [rec for rec in lines_of(tmp_path / "mine.jsonl") if rec["type"] == "frame"]
+    assert [rec.get("notes") for rec in lines] == [flow.notes[:1], None, flow.notes]
+    got = {f.id: f for f in load_capture(tmp_path / "child.jsonl", CODEC).flows}
+    assert got[1].notes == flow.notes and got[2].notes == []
+    out = io.StringIO()
+    Console(file=out, width=200).print(flow_tree(got[1], CODEC))
+    text = out.getvalue()
+    assert "note: rule --inject #1: inject Metadata:request:top:tag=9" in text
+    assert "\x1b" not in text and "note: rules not applied: cannot decode the response" in text
+    assert flow_json(got[1], CODEC)["notes"] == flow.notes
+
+
 async def _ring_case(tmp_path, name: str, ring_bytes: int, sizes: list[int],
                      yield_every: int = 1):
     """Hand frames of ``sizes`` to a CaptureProcess with a ring of ``ring_bytes`` and
@@ -1227,6 +1269,7 @@ def _edited_example(tmp_path: Path, edit) -> Path:
                                        ("ts_ns", "yesterday"), ("flow", "7"),
                                        ("api_key", True), ("client", 5), ("upstream", ["a"]),
                                        ("dir", 1), ("flags", [1, None]), ("flags", "mutated"),
+                                       ("notes", "a note"), ("notes", [{"n": 1}]),
                                        # past what Spark reads (analyze): 64 bits, 32 bits
                                        ("ts_ns", 2**70), ("ts_ns", -10**400), ("conn", 2**63),
                                        ("api_key", 2**31), ("correlation_id", -2**31 - 1)])
