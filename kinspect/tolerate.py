@@ -33,7 +33,8 @@ If the broker stops accepting connections (it crashed), the run stops there and
 says so in ``truncated``.
 
 Read-only apis by default; ``include_writes`` creates a scratch topic and adds
-Produce, OffsetCommit and InitProducerId. The run is bounded by ``max_cells``
+Produce, OffsetCommit and InitProducerId, and at the end deletes the topic and the
+group OffsetCommit wrote to (``keep_scratch`` leaves them). The run is bounded by ``max_cells``
 and ``budget`` seconds. Blocking sockets, one request at a time: a broker sees
 at most one kinspect connection at once.
 """
@@ -128,7 +129,10 @@ class MatrixConfig:
 
     Attributes:
         bootstrap: broker ``(host, port)``.
-        include_writes: create a scratch topic and add :data:`WRITE_APIS`.
+        include_writes: create a scratch topic and add :data:`WRITE_APIS`; the
+            topic, and the group the writes commit offsets for, are deleted at the
+            end (DeleteTopics, DeleteGroups) unless ``keep_scratch``.
+        keep_scratch: leave them on the broker (to look at them).
         timeout: seconds to wait for each answer.
         max_cells: most requests to send (baselines included).
         budget: seconds after which no new request is started.
@@ -139,6 +143,7 @@ class MatrixConfig:
 
     bootstrap: tuple[str, int]
     include_writes: bool = False
+    keep_scratch: bool = False
     timeout: float = 2.0
     max_cells: int = 3000
     budget: float = 45.0
@@ -349,6 +354,8 @@ class BaselineContext:
     topic_id: bytes
     client_id: str
     records: bytes
+    #: the run created ``topic`` (CreateTopics answered without error)
+    created_topic: bool = False
 
 
 def _records(value: bytes = b"kinspect tolerate") -> bytes:
@@ -641,6 +648,7 @@ def _prepare_topic(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, i
         if status == "ok":
             resp = codec.decode_response(frame, 19, v)
             code = resp.body.Topics[0].ErrorCode if resp.body.Topics else None
+            ctx.created_topic = not code
             report.notes.append(f"created scratch topic {ctx.topic}" if not code else
                                 f"CreateTopics {ctx.topic}: error {code}")
         else:
@@ -665,6 +673,64 @@ def _prepare_topic(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, i
     for t in topics:
         if t.Name == ctx.topic and "TopicId" in t:
             ctx.topic_id = t.TopicId
+
+
+def _admin(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, int]],
+           ctx: BaselineContext, api_key: int, values: dict[str, Any],
+           results: str) -> str:
+    """Send one admin request built from ``values`` (:func:`populate`) at the
+    highest version both sides know; return what became of it: ``"ok"``, ``"error
+    N NAME"`` (the first error code of the ``results`` array) or the exchange's
+    status."""
+    from .show import error_name
+
+    spec = codec.registry.request(api_key)
+    v = min(apis[api_key][1], spec.valid_versions.highest)
+    body = populate(spec.struct, v, values)
+    hcls = codec.registry.header("RequestHeader").cls
+    req = Request(api_key, v, 1, ctx.client_id, codec.request_header_version(api_key, v),
+                  hcls(RequestApiKey=api_key, RequestApiVersion=v, CorrelationId=1,
+                       ClientId=ctx.client_id), body, 0, codec.api_name(api_key))
+    status, frame, detail, _ = _send(codec, cfg.bootstrap, req, cfg.timeout)
+    if status != "ok":
+        return f"{status} ({detail})" if detail else status
+    try:
+        resp = codec.decode_response(frame, api_key, v)
+    except DecodeError as e:
+        return f"undecodable answer ({e})"
+    code = next((r.ErrorCode for r in getattr(resp.body, results) or () if r.ErrorCode), 0)
+    return "ok" if not code else f"error {code} {error_name(code)}"
+
+
+def _clean_up(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, int]],
+              ctx: BaselineContext, report: MatrixReport, wrote_group: bool) -> None:
+    """Delete the scratch topic this run created, and the group its OffsetCommit
+    wrote to (``include_writes``), noting what became of each."""
+    if not cfg.include_writes:
+        return
+    if cfg.keep_scratch:
+        if ctx.created_topic or wrote_group:
+            report.notes.append(f"kept scratch topic {ctx.topic} and group {ctx.group} "
+                                f"(--keep-scratch)")
+        return
+    if ctx.created_topic:
+        if 20 not in apis:
+            report.notes.append(f"scratch topic {ctx.topic} left: the broker has no "
+                                f"DeleteTopics")
+        else:
+            got = _admin(codec, cfg, apis, ctx, 20,
+                         {"TopicNames": [ctx.topic], "Name": ctx.topic, "TimeoutMs": 5000},
+                         "Responses")
+            report.notes.append(f"deleted scratch topic {ctx.topic}" if got == "ok" else
+                                f"DeleteTopics {ctx.topic}: {got}")
+    if wrote_group:
+        if 42 not in apis:
+            report.notes.append(f"scratch group {ctx.group} left: the broker has no "
+                                f"DeleteGroups")
+        else:
+            got = _admin(codec, cfg, apis, ctx, 42, {"GroupsNames": [ctx.group]}, "Results")
+            report.notes.append(f"deleted scratch group {ctx.group}" if got == "ok" else
+                                f"DeleteGroups {ctx.group}: {got}")
 
 
 def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
@@ -789,5 +855,7 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
                                                      correlation_id=req.correlation_id)
                     record(Cell(api, key, v, place, kind, tag, n, outcome, code, detail,
                                 round(ms, 2)))
+    _clean_up(codec, cfg, apis, ctx, report,
+              any(key == 8 for key, _ in plan))  # (OffsetCommit)
     report.elapsed = time.monotonic() - start
     return report

@@ -140,7 +140,11 @@ def test_matrix_against_tansu(tansu, tmp_path):
     report = json.loads(out.read_text())
     assert report["type"] == "tolerance-matrix"
     assert report["truncated"] is None
-    assert any(n.startswith("created scratch topic") for n in report["notes"])
+    topic, group = report["topic"], report["group"]
+    assert report["notes"] == [f"created scratch topic {topic}", f"deleted scratch topic {topic}",
+                               f"deleted scratch group {group}"]
+    topics, groups = _topics_and_groups(tansu.bootstrap)
+    assert topic not in topics and group not in groups, (topics, groups)
     cells = report["cells"]
     tested = {t["api"]: t["versions"] for t in report["tested"]}
     # the broker's flexible versions of the safe apis and the writes are all there
@@ -186,6 +190,33 @@ def test_matrix_against_tansu(tansu, tmp_path):
     rows = report["rows"]
     assert any(r["api"] == "Metadata" and r["place"] == "Topics[0]" for r in rows)
     assert all(len(r["cells"]["max"]) == 4 for r in rows)
+
+
+def _topics_and_groups(bootstrap: str) -> tuple[set[str], set[str]]:
+    """The broker's topic names (Metadata, all topics) and group ids (ListGroups)."""
+    from proxyutil import exchange_sync, request_bytes
+
+    codec = Codec()
+    host, port = parse_hostport(bootstrap)
+    md, lg = exchange_sync(host, port, [request_bytes(3, 12, 1, Topics=None),
+                                        request_bytes(16, 4, 2)])
+    topics = {t.Name for t in codec.decode_response(md, 3, 12).body.Topics}
+    groups = {g.GroupId for g in codec.decode_response(lg, 16, 4).body.Groups}
+    return topics, groups
+
+
+def test_the_scratch_topic_and_group_can_be_kept(tansu, capsys):
+    code = main(["tolerate", "--bootstrap", tansu.bootstrap, "--include-writes",
+                 "--keep-scratch", "--json", "-", "--apis", "OffsetCommit",
+                 "--payloads", "0", "--tags", "large"])
+    assert code == 0
+    report = json.loads(capsys.readouterr().out)
+    topic, group = report["topic"], report["group"]
+    assert report["notes"][-1] == f"kept scratch topic {topic} and group {group} (--keep-scratch)"
+    topics, groups = _topics_and_groups(tansu.bootstrap)
+    assert topic in topics and group in groups, (topics, groups)
+    assert main(["tolerate", "--bootstrap", tansu.bootstrap, "--keep-scratch"]) == 1
+    assert "--keep-scratch goes with --include-writes" in capsys.readouterr().err
 
 
 def test_tansu_drops_unknown_tags_over_128_bytes(tansu):

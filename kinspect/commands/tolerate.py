@@ -47,7 +47,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the broker")
     p.add_argument("--include-writes", action="store_true",
                    help="create a scratch topic and add Produce, OffsetCommit and "
-                        "InitProducerId (they write to the scratch topic and group)")
+                        "InitProducerId (they write to the scratch topic and group, "
+                        "which are deleted at the end)")
+    p.add_argument("--keep-scratch", action="store_true",
+                   help="with --include-writes: leave the scratch topic and group on the "
+                        "broker")
     p.add_argument("--json", metavar="OUT", help="write the JSON report here ('-' = stdout)")
     p.add_argument("--timeout", type=positive_float, default=2.0, metavar="S",
                    help="seconds to wait for each answer (default 2)")
@@ -80,10 +84,14 @@ def run(args: argparse.Namespace) -> int:
     sizes = tuple(parse_size(x) for x in args.payloads.split(",") if x.strip())
     kinds = tuple(x.strip() for x in args.tags.split(",") if x.strip())
     bad = [k for k in kinds if k not in TAG_KINDS]
+    if args.keep_scratch and not args.include_writes:
+        raise KinspectError("--keep-scratch goes with --include-writes (without it no "
+                            "scratch topic is made)")
     if bad or not kinds or not sizes:
         raise KinspectError(f"--tags takes {', '.join(TAG_KINDS)}; --payloads at least one size")
     cfg = MatrixConfig(
-        bootstrap=bootstrap, include_writes=args.include_writes, timeout=args.timeout,
+        bootstrap=bootstrap, include_writes=args.include_writes,
+        keep_scratch=args.keep_scratch, timeout=args.timeout,
         max_cells=args.max_cells, budget=args.budget,
         apis=tuple(a.strip() for a in args.apis.split(",") if a.strip()) if args.apis else None,
         payload_sizes=sizes, tag_kinds=kinds)
