@@ -127,8 +127,14 @@ def run(args: argparse.Namespace) -> int:
     if report.truncated:
         console.print(f"[yellow]truncated:[/] {report.truncated}")
     s = report.summary()
-    console.print(", ".join(f"{k} {v}" for k, v in s.items() if v) +
+    console.print((", ".join(f"{k} {v}" for k, v in s.items() if v) or "no variants") +
                   f" ({len(report.cells)} requests in {report.elapsed:.1f} s)", highlight=False)
+    failed = [c for c in report.cells if c.place == "baseline"
+              and c.outcome in ("undecodable", "disconnect", "timeout")]
+    if failed:  # (those versions got no variants: their tolerance is not known)
+        console.print(f"untested, the baseline got no usable answer: " + ", ".join(
+            f"{c.api} v{c.version} ({c.outcome})" for c in failed), highlight=False,
+            markup=False, style="yellow")
     if args.json:
         text = json.dumps(report.to_dict(), indent=1)
         if to_stdout:
