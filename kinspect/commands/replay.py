@@ -113,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
 
     progress = Progress(TextColumn("[bold]replay[/]"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("{task.fields[counts]}"), TimeElapsedColumn(),
-                        console=console, transient=True)
+                        console=console, transient=True,
+                        # (a pipe or a file gets no bar: rich would leave a blank line)
+                        disable=not console.is_terminal)
     counts = {"matched": 0, "differing": 0, "failed": 0, "skipped": 0}
 
     def text() -> str:
