@@ -114,6 +114,8 @@ from .flows import (
     REDACTED,
     REDACTED_REQUEST,
     SASL_TOKEN,
+    SKIPPED,
+    UNDECODED,
     UNPAIRED,
     UNTIMED,
     Flow,
@@ -255,14 +257,15 @@ def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_v
         names = frozenset()
     frame = bytes(frame)  # (a view into the capture ring, in the capture process)
     try:
-        if direction == "req":
-            msg = codec.decode_request(frame)
-            n = _redact_struct(msg.body, names)
-            out = codec.encode_request(msg) if n else None
-        else:
-            msg = codec.decode_response(frame, api_key, api_version)
-            n = _redact_struct(msg.body, names)
-            out = codec.encode_response(msg) if n else None
+        msg = (codec.decode_request(frame) if direction == "req" else
+               codec.decode_response(frame, api_key, api_version))
+        n = _redact_struct(msg.body, names)
+        if msg.trailing:  # (bytes after the body of a frame that may hold secrets: what
+            # they are nobody can tell, librdkafka's are fields written out of place)
+            msg.trailing = redaction_marker(len(msg.trailing))
+            n += 1
+        encode = codec.encode_request if direction == "req" else codec.encode_response
+        out = encode(msg) if n else None
     except (DecodeError, EncodeError):
         out = b""
     if out is None:
@@ -1437,6 +1440,11 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
         for f in order:
             if f.api_key >= 0:
                 decode_flow(codec, f)
+                # what the proxy's lines say of decoding is overtaken by this one:
+                # decoded here (specs given now, or a frame kinspect then refused)
+                f.flags.discard(SKIPPED)
+                if f.error is None:
+                    f.flags.discard(UNDECODED)
     cap.flows = order
     return cap
 

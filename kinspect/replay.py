@@ -221,7 +221,8 @@ class Diff:
         kind: ``"error-code"``, ``"value"``, ``"length"``, ``"null"``, ``"missing"``,
             ``"extra"``, ``"records"``, ``"version"``, ``"unknown-tag"`` (a tagged field
             no spec knows, at ``..._unknown_tags.TAG``, its bytes in hex; ``None`` on
-            the side that lacks it).
+            the side that lacks it), ``"trailing"`` (the bytes after the body, in hex,
+            ``None`` on a side without: see :mod:`kinspect.codec.protocol`).
         recorded, replayed: JSON-able values (bytes as base64, uuids as text).
         rule: the ignore pattern that makes it volatile, or ``None``.
         explanation: why it differs (filled for differences that are not ignored).
@@ -1176,6 +1177,9 @@ class Replayer:
             group = f.request_decoded.body.get("GroupId")
         res.learned = self.mapper.learn(old.body, new.body, group, f.id)
         diff_structs(old.body, new.body, f.api_name, self.rules, diffs)
+        if old.trailing != new.trailing:  # (bytes after the body: the broker wrote them)
+            diffs.append(Diff("(bytes after the body)", "trailing", old.trailing.hex() or None,
+                              new.trailing.hex() or None))
         res.ignored = [d for d in diffs if d.rule is not None]
         res.diffs = [d for d in diffs if d.rule is None]
         if res.diffs:
@@ -1288,6 +1292,9 @@ def _diff_explanation(d: Diff) -> str:
         return f"{base} ({hint})" if hint else base
     if d.kind == "null":
         return "null on one side only"
+    if d.kind == "trailing":
+        return (f"bytes after the body (which Kafka's clients do not read): "
+                f"{d.recorded or 'none'} recorded, {d.replayed or 'none'} now")
     hint = _HINTS.get(leaf)
     base = f"{d.recorded!r} recorded, {d.replayed!r} now"
     if isinstance(d.recorded, str) and len(d.recorded) > 60:

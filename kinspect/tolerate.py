@@ -562,6 +562,21 @@ def error_codes(tree: Any) -> list[int]:
     return out
 
 
+#: where an answer's bytes after its body (see :mod:`kinspect.codec.protocol`) are in
+#: the tree :func:`classify` compares (no field has a name with spaces)
+TRAILING_KEY = "(bytes after the body)"
+
+
+def answer_tree(resp: Any) -> dict[str, Any]:
+    """What of a decoded answer is compared: its body's ``to_dict()``, and its bytes
+    after the body as hex under :data:`TRAILING_KEY` when it has some (Kafka's
+    clients do not read them, but the broker wrote them)."""
+    tree = resp.body.to_dict()
+    if resp.trailing:
+        tree[TRAILING_KEY] = resp.trailing.hex()
+    return tree
+
+
 def classify(codec: Codec, api_key: int, version: int, status: str, frame: bytes | None,
              detail: str | None, baseline: Any, volatile: set[tuple], *,
              correlation_id: int | None = None) -> tuple[str, int | None, str | None]:
@@ -581,7 +596,7 @@ def classify(codec: Codec, api_key: int, version: int, status: str, frame: bytes
         resp = codec.decode_response(frame, api_key, version)
     except DecodeError as e:
         return "undecodable", None, str(e)
-    tree = resp.body.to_dict()
+    tree = answer_tree(resp)
     code = top_level_error_code(resp.body, resp.body_version) or first_error_code(tree)
     if baseline is None:  # the baseline itself: equivalent to itself, error code noted
         return "tolerated", code, None
@@ -810,14 +825,14 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
         record(Cell(api, key, v, "baseline", None, None, 0, outcome, code, detail, round(ms, 2)))
         if status != "ok" or outcome == "undecodable":
             continue
-        first = codec.decode_response(frame, key, v).body.to_dict()
+        first = answer_tree(codec.decode_response(frame, key, v))
         volatile: set[tuple] = set()
         if budget_left():
             status2, frame2, _, _ = _send(codec, address, base, cfg.timeout)
             sent += 1
             if status2 == "ok":
                 try:
-                    second = codec.decode_response(frame2, key, v).body.to_dict()
+                    second = answer_tree(codec.decode_response(frame2, key, v))
                     volatile = diff_paths(normalize(first), normalize(second))
                 except DecodeError:
                     pass

@@ -541,6 +541,27 @@ def test_undecodable_secret_frame_is_redacted_past_its_header():
     assert redact_frame(CODEC, request_frame(3, 12, 1, Topics=None), "req", 3, 12) is None
 
 
+@pytest.mark.parametrize("api_key,version,body", [
+    (36, 2, {"AuthBytes": SECRET}),  # SaslAuthenticate: a secret field as well
+    (33, 1, {"Resources": [], "ValidateOnly": False}),  # AlterConfigs: none in its fields
+])
+def test_bytes_after_the_body_of_a_frame_that_may_hold_secrets_are_redacted(
+        api_key, version, body):
+    """A frame with bytes after its body decodes (Kafka's parsers do not read them),
+    but what they hold cannot be told: in the frame of an api that carries secrets
+    they are replaced by the marker too, as an undecodable frame's are."""
+    frame = request_frame(api_key, version, 9, **body)
+    extra = b"\x00alice\x00hunter2"
+    out = redact_frame(CODEC, frame + extra, "req", api_key, version)
+    assert out is not None and len(out) == len(frame + extra)
+    assert b"hunter2" not in out and b"s3cr3t" not in out
+    req = CODEC.decode_request(out)
+    assert req.trailing == redaction_marker(len(extra))
+    # elsewhere they are kept: a frame of an api without secrets is not touched
+    assert redact_frame(CODEC, request_frame(3, 12, 1, Topics=None) + extra, "req", 3,
+                        12) is None
+
+
 # ---------------------------------------------------------------------------
 # rebuilding flows from other tools' captures (only conn, dir, frame)
 # ---------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from kinspect.tolerate import (
     TAG_KINDS,
     BaselineContext,
     MatrixConfig,
+    answer_tree,
     build_request,
     classify,
     diff_paths,
@@ -110,6 +111,14 @@ def test_classify(codec):
         "undecodable"
     assert classify(codec, 3, 12, "disconnect", None, "closed", base, set()) == \
         ("disconnect", None, "closed")
+    # bytes after the body: a client would not read them, but the broker wrote them
+    outcome, code, detail = classify(codec, 3, 12, "ok", frame(ok) + b"\x00\x07", None, base,
+                                     set())
+    assert (outcome, code) == ("different", None)
+    assert detail == "differs at (bytes after the body)"
+    with_them = normalize(answer_tree(codec.decode_response(frame(ok) + b"\x07", 3, 12)))
+    assert classify(codec, 3, 12, "ok", frame(ok) + b"\x07", None, with_them, set())[0] == \
+        "tolerated"
 
 
 def test_classify_an_answer_to_another_request_is_undecodable(codec):

@@ -166,3 +166,104 @@ async def test_through_the_proxy_to_tansu(tansu):
     host, port = proxy.address
     assert [(b.Host, b.Port) for b in answer.body.Brokers] == [(host, port)]
     assert got[0] == odd.response_sent
+
+
+def test_the_analysis_flags_them_and_counts_them_in_every_layout():
+    """The analysis kernel (the Spark job's, and the single-process reference's):
+    the flow is flagged as the proxy flags it, whatever the capture's lines say, and
+    the what-if sizes count the bytes after the body in every layout, so that the
+    fixed layout still gives the frame's size."""
+    from kinspect.analysis.kernel import FlowAnalyzer
+    from kinspect.codec.whatif import VarintSizer
+
+    analyzer = FlowAnalyzer(codec().registry)
+    pair = {"capture": "c", "conn": 1, "flow": 1, "api_key": 3, "api_version": 12,
+            "correlation_id": 3, "req_frame": LIBRDKAFKA_METADATA, "req_flags": [],
+            "resp_frame": None}
+    row = analyzer.flow_row(pair)
+    assert row["flags"] == [TRAILING] and row["decode_error"] is None
+    assert row["request_decoded"]
+    sizes, = analyzer.what_if_rows(pair, VarintSizer())
+    assert sizes["bytes"] == sizes["fixed_bytes"] == len(LIBRDKAFKA_METADATA)
+    # each layout of the same message without them is 3 bytes shorter
+    clean, = analyzer.what_if_rows(dict(pair, req_frame=LIBRDKAFKA_METADATA[:-3]),
+                                   VarintSizer())
+    layouts = [k for k in sizes if k.endswith("_bytes")]
+    assert len(layouts) >= 6
+    assert all(sizes[k] - clean[k] == 3 for k in layouts), (sizes, clean)
+
+
+def test_a_capture_s_stale_decode_flags_give_way_to_the_decoding_of_its_reader(tmp_path):
+    """A capture written before these frames were decoded says ``undecoded`` (and a
+    loaded proxy's says ``decode-skipped``): its reader decodes the flow itself, so
+    those flags go when the decoding succeeds, and stay when it fails."""
+    import base64
+    import json
+
+    from kinspect.capture import load_capture
+
+    lines = [{"type": "session", "kinspect": "0.1.0", "start_ns": 1, "upstream": "u:1",
+              "listen": "l:1", "specs": [], "part": 0}]
+    for fid, frame, flags in ((1, LIBRDKAFKA_METADATA, ["undecoded"]),
+                              (2, LIBRDKAFKA_METADATA[:-6], ["undecoded"]),
+                              (3, LIBRDKAFKA_METADATA[:-3], ["decode-skipped"])):
+        frame = frame[:4] + fid.to_bytes(4, "big") + frame[8:]  # correlation id fid
+        lines.append({"type": "frame", "ts_ns": fid, "conn": 1, "dir": "req",
+                      "client": "c:1", "upstream": "u:1", "flow": fid, "api_key": 3,
+                      "api_version": 12, "correlation_id": fid, "flags": flags,
+                      "frame": base64.b64encode(frame).decode()})
+    path = tmp_path / "old.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    flows = {f.id: f for f in load_capture(path, codec()).flows}
+    assert flows[1].flags == {TRAILING} and flows[1].error is None
+    assert UNDECODED in flows[2].flags and "Metadata v12" in flows[2].error  # cut short
+    assert flows[3].flags == set()
+
+
+def test_replay_reports_bytes_after_the_body_that_changed():
+    """Replay compares what the broker wrote: bytes after the body that appear,
+    go or change are a difference, explained; the same ones are not."""
+    from kinspect.replay import DIFFERING, MATCHED, FlowResult, Replayer
+
+    c = codec()
+    answer = c.encode_response(Response(3, 12, 3, 1, None, c.response_codec(3).cls(), 0, "",
+                                        12))
+    outcomes = []
+    for recorded, replayed in ((b"", b""), (b"\x01", b"\x01"), (b"", b"\x01"),
+                               (b"\x01", b""), (b"\x01", b"\x02")):
+        flow = _flow(LIBRDKAFKA_METADATA)
+        flow.response = answer + recorded
+        decode_flow(c, flow)
+        replayer = Replayer(c, [flow], ("127.0.0.1", 9), speed=None)
+        res = FlowResult(flow)
+        replayer._compare(res, answer + replayed)
+        outcomes.append((res.status, [(d.path, d.recorded, d.replayed) for d in res.diffs]))
+    assert outcomes[:2] == [(MATCHED, []), (MATCHED, [])]
+    assert outcomes[2:] == [(DIFFERING, [("(bytes after the body)", None, "01")]),
+                            (DIFFERING, [("(bytes after the body)", "01", None)]),
+                            (DIFFERING, [("(bytes after the body)", "01", "02")])]
+    assert "bytes after the body" in res.explanation and "01 recorded, 02 now" in res.explanation
+
+
+def test_the_decode_command_keeps_them_warns_and_refuses_them_when_strict(tmp_path, capsys):
+    import json
+
+    from kinspect.cli import main
+
+    path = tmp_path / "md.bin"
+    path.write_bytes(LIBRDKAFKA_METADATA)
+    out = tmp_path / "md.json"
+    assert main(["decode", "--size-prefix", "no", "-o", str(out), str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: 3 bytes after the message, at offset 22" in err
+    doc = json.loads(out.read_text())
+    assert doc["trailing"] == "010000" and doc["body"]["AllowAutoTopicCreation"] is False
+    back = tmp_path / "back.bin"
+    assert main(["encode", "-o", str(back), str(out)]) == 0
+    assert back.read_bytes() == LIBRDKAFKA_METADATA
+    assert main(["decode", "--strict", "--size-prefix", "no", str(path)]) == 1
+    assert "3 trailing bytes after the message" in capsys.readouterr().err
+    for bad in (False, 0, [], {}, "zz"):
+        (tmp_path / "bad.json").write_text(json.dumps(dict(doc, trailing=bad)))
+        assert main(["encode", str(tmp_path / "bad.json")]) == 1
+        assert "'trailing' must be a string of hex digits" in capsys.readouterr().err

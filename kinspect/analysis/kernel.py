@@ -21,7 +21,7 @@ from ..codec.records import decode_records
 from ..codec.spec import MessageSpec, StructSpec, uuid_to_text
 from ..codec.values import java_string
 from ..codec.whatif import TagStats, VarintSizer, encode_message, scan_message
-from ..flows import top_level_error_code
+from ..flows import TRAILING, top_level_error_code
 
 API_VERSIONS = 18
 PARTITION_FIELDS = ("PartitionIndex", "Partition", "Index", "PartitionId")
@@ -136,6 +136,8 @@ class FlowAnalyzer:
         req_frame, resp_frame = pair.get("req_frame"), pair.get("resp_frame")
         api_key = pair.get("api_key")
         flags = set(pair.get("req_flags") or ()) | set(pair.get("resp_flags") or ())
+        if any(m is not None and m.trailing for m in (req, resp)):
+            flags.add(TRAILING)  # (as the proxy flags it: a capture of another tool's too)
         if req_frame is None:
             flags.add("unpaired")
             api_key = -1
@@ -318,7 +320,7 @@ class FlowAnalyzer:
                    direction=direction, message=spec.name, bytes=len(frame))
 
         def total(fn) -> int | None:
-            n = 0
+            n = len(msg.trailing)  # (bytes after the body: in the frame whatever the layout)
             for s, v, ver in parts:
                 try:
                     k = fn(s, v, ver)

@@ -71,6 +71,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the request frame a response answers (read like the input)")
     d.add_argument("--response", action="store_true",
                    help="the frame is a response (implied by --api-key or --request)")
+    d.add_argument("--strict", action="store_true",
+                   help="bytes after the message are an error (by default the message is "
+                        "decoded as Kafka's parsers read it, which never look past it, and "
+                        "the bytes after it are kept under 'trailing', with a warning)")
     d.set_defaults(func=run_decode, usage_error=d.error)
 
     e = sub.add_parser("encode", help="encode decoded JSON (or a decoded JSONL batch) back "
@@ -220,11 +224,11 @@ def message_from_dict(codec: Any, d: dict[str, Any]) -> Any:
         corr = header.CorrelationId
     if corr is None:
         raise EncodeError("missing correlation_id (or header)")
-    trailing = d.get("trailing") or ""
+    trailing = d.get("trailing")
     try:
-        if type(trailing) is not str:
+        if trailing is not None and type(trailing) is not str:
             raise ValueError
-        trailing = bytes.fromhex(trailing)
+        trailing = bytes.fromhex(trailing or "")
     except ValueError:
         raise EncodeError(f"'trailing' must be a string of hex digits, "
                           f"got {json.dumps(d.get('trailing'))}") from None
@@ -335,12 +339,16 @@ def run_decode(args: argparse.Namespace) -> int:
         response = args.response or args.api_key is not None or args.request is not None
         if response:
             api_key, api_version = _response_type(codec, args)
-            msg = codec.decode_response(frame, api_key, api_version)
+            msg = codec.decode_response(frame, api_key, api_version, strict=args.strict)
         else:
-            msg = codec.decode_request(frame)
+            msg = codec.decode_request(frame, strict=args.strict)
     except (DecodeError, InputError, OSError) as e:
         print(f"kinspect: {_error_text(e)}", file=sys.stderr)
         return 1
+    if msg.trailing:
+        print(f"kinspect: warning: {len(msg.trailing)} bytes after the message, at offset "
+              f"{len(frame) - len(msg.trailing)}, which Kafka's parsers do not read (kept "
+              f"under 'trailing'; --strict refuses them)", file=sys.stderr)
     out = _open_out(args.output)
     try:
         if args.format == "tree":
@@ -539,7 +547,7 @@ def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
             if type(rec["frame"]) is not str:  # (null, a number...: as kinspect show says)
                 raise InputError("frame is not base64")
             frame = _b64decode(rec["frame"], validate=True)
-            decoded = _decode_line(codec, rec, frame, pending)
+            decoded = _decode_line(codec, rec, frame, pending, args.strict)
         except (DecodeError, InputError, ValueError, binascii.Error) as e:
             err = e.to_dict() if isinstance(e, DecodeError) else {"error": str(e)}
             return {**rec, "error": err}, _FAILED
@@ -548,7 +556,8 @@ def _decode_jsonl(codec: Any, args: argparse.Namespace) -> int:
     return _map_jsonl(args, "decode", convert)
 
 
-def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
+def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict,
+                 strict: bool = False) -> dict:
     from ..codec import DecodeError
 
     conn = rec.get("conn")
@@ -557,7 +566,7 @@ def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
         raise InputError(f"'conn' must be an integer, got {json.dumps(conn)}")
     direction = rec.get("dir")
     if direction == "req":
-        msg = codec.decode_request(frame)
+        msg = codec.decode_request(frame, strict=strict)
         pending[conn].setdefault(msg.correlation_id, collections.deque()).append(
             (msg.api_key, msg.api_version))
         return message_to_dict(msg)
@@ -575,7 +584,7 @@ def _decode_line(codec: Any, rec: dict, frame: bytes, pending: dict) -> dict:
     else:
         raise DecodeError(f"no request with correlation id {corr} on conn {rec.get('conn')!r} "
                           f"to type this response", offset=0, expected="a paired request")
-    return message_to_dict(codec.decode_response(frame, api_key, api_version))
+    return message_to_dict(codec.decode_response(frame, api_key, api_version, strict=strict))
 
 
 # ---------------------------------------------------------------------------
