@@ -114,8 +114,6 @@ from .flows import (
     REDACTED,
     REDACTED_REQUEST,
     SASL_TOKEN,
-    SKIPPED,
-    UNDECODED,
     UNPAIRED,
     UNTIMED,
     Flow,
@@ -1258,7 +1256,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
             record by its number (``record``); :func:`load_capture` names the file
             and line instead.
     """
-    from .proxy.pipeline import decode_flow
+    from .proxy.pipeline import decode_recorded
 
     codec = codec or Codec()
     cap = Capture()
@@ -1439,12 +1437,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
     if decode:
         for f in order:
             if f.api_key >= 0:
-                decode_flow(codec, f)
-                # what the proxy's lines say of decoding is overtaken by this one:
-                # decoded here (specs given now, or a frame kinspect then refused)
-                f.flags.discard(SKIPPED)
-                if f.error is None:
-                    f.flags.discard(UNDECODED)
+                decode_recorded(codec, f)
     cap.flows = order
     return cap
 

@@ -36,6 +36,7 @@ from rich.tree import Tree
 from .codec import Codec, DecodeError
 from .codec.records import RecordSet, decode_records, render_bytes, scan_batches
 from .codec.spec import uuid_to_text
+from .codec.values import tag_written
 from .filters import TopicIds
 from .flows import has_correlation_id
 
@@ -570,21 +571,25 @@ def _prim(t: str, v: Any, limit: int | None) -> str:
 
 
 def message_nodes(node: Tree, msg: Any, limit: int | None = 64,
-                  topic_ids: TopicIds | None = None, api_version: int | None = None) -> bool:
+                  topic_ids: TopicIds | None = None, api_version: int | None = None,
+                  items: int | None = None) -> bool:
     """Add a decoded message's header and body under ``node`` (``kinspect show
     --flow`` and ``kinspect decode --format tree``): each struct's fields that exist
     at its version (the header's at the header version, the body's at the version
     it was decoded as), record batches decoded; ``limit`` caps rendered bytes (see
-    :func:`~kinspect.codec.records.render_bytes`). Returns whether there was a body."""
+    :func:`~kinspect.codec.records.render_bytes`), ``items`` the elements shown of
+    each array and the records of each records field (the rest counted; ``None``:
+    all). Returns whether there was a body."""
     hv = getattr(msg, "header_version", None)
     if getattr(msg, "header", None) is not None:
         _struct_tree(node.add(Text(f"header v{hv}", style="bold")), msg.header, limit,
-                     topic_ids, hv)
+                     topic_ids, hv, items=items)
     if getattr(msg, "body", None) is None:
         return False
     bv = getattr(msg, "body_version", api_version if api_version is not None
                   else getattr(msg, "api_version", None))
-    _struct_tree(node.add(Text(f"body v{bv}", style="bold")), msg.body, limit, topic_ids, bv)
+    _struct_tree(node.add(Text(f"body v{bv}", style="bold")), msg.body, limit, topic_ids, bv,
+                 items=items)
     trailing = getattr(msg, "trailing", b"")
     if trailing:
         node.add(Text(f"{len(trailing)} trailing bytes after the body, which Kafka's parsers "
@@ -592,9 +597,16 @@ def message_nodes(node: Tree, msg: Any, limit: int | None = 64,
     return True
 
 
+def _more(node: Tree, n: int, what: str) -> None:
+    node.add(Text(f"… {n} more {what} (the live view shows the first ones; kinspect show "
+                  f"--flow N shows all)", style="dim"))
+
+
 def _struct_tree(node: Tree, s: Any, limit: int | None, topic_ids: TopicIds | None,
-                 version: int | None, topic: str | None = None) -> None:
-    """Add the fields of ``s`` that exist at ``version`` (all when ``None``)."""
+                 version: int | None, topic: str | None = None,
+                 items: int | None = None) -> None:
+    """Add the fields of ``s`` that exist at ``version`` (all when ``None``); the
+    first ``items`` elements of each array (``None``: all)."""
     spec = s._spec
     part = None
     for f in spec.fields:
@@ -605,20 +617,26 @@ def _struct_tree(node: Tree, s: Any, limit: int | None, topic_ids: TopicIds | No
             topic = (topic_ids.name(v) if topic_ids else None) or uuid_to_text(bytes(v))
         elif f.name in _PARTITION_NAMES and f.type == "int32":
             part = v
+    present = getattr(s, "_present", None)
     for f in spec.fields:
         if version is not None and not f.versions.contains(version):
             continue
         v = getattr(s, f.name)
+        if version is not None and f.tagged_in(version) and not tag_written(f, v, present):
+            continue  # a tagged field not on the wire (KIP-482), as to_dict leaves it out
         if f.type == "records":
-            _records_node(node, f.name, v, limit, topic, part)
+            _records_node(node, f.name, v, limit, topic, part, items)
         elif f.struct is not None and v is not None:
             if f.is_array:
                 sub = node.add(Text.assemble((f.name, "bold"), f" [{len(v)}]"))
-                for i, item in enumerate(v):
-                    _struct_tree(sub.add(f"[{i}]"), item, limit, topic_ids, version, topic)
+                for i, item in enumerate(v if items is None else v[:items]):
+                    _struct_tree(sub.add(f"[{i}]"), item, limit, topic_ids, version, topic,
+                                 items)
+                if items is not None and len(v) > items:
+                    _more(sub, len(v) - items, "elements")
             else:
                 _struct_tree(node.add(Text(f.name, style="bold")), v, limit, topic_ids,
-                             version, topic)
+                             version, topic, items)
         else:
             node.add(Text.assemble((f.name, "bold"), ": ", _leaf(f, v, limit)))
     unknown = getattr(s, "_unknown", None)
@@ -628,7 +646,7 @@ def _struct_tree(node: Tree, s: Any, limit: int | None, topic_ids: TopicIds | No
 
 
 def _records_node(node: Tree, name: str, data: Any, limit: int | None, topic: str | None,
-                  partition: int | None) -> None:
+                  partition: int | None, items: int | None = None) -> None:
     if data is None:
         node.add(Text.assemble((name, "bold"), ": null"))
         return
@@ -645,7 +663,11 @@ def _records_node(node: Tree, name: str, data: Any, limit: int | None, topic: st
     if topic is not None or partition is not None:
         head += f" of {printable(topic or '?')}[{partition if partition is not None else '?'}]"
     sub = node.add(Text.assemble((name, "bold"), head))
+    left = items  # records still to show (None: all)
     for i, b in enumerate(rs.batches):
+        if left is not None and left <= 0:
+            _more(sub, sum(len(x.records) for x in rs.batches[i:]), "records")
+            break
         crc = Text("CRC ok", style="green") if b.crc_valid else Text(
             f"CRC INVALID (wire {b.crc:#010x}, computed {b.crc_computed:#010x})", style="red")
         label = Text.assemble(
@@ -669,7 +691,12 @@ def _records_node(node: Tree, name: str, data: Any, limit: int | None, topic: st
             extra.append("control batch")
         if extra:
             bn.add(Text(", ".join(extra), style="dim"))
-        for r in b.records:
+        records = b.records
+        if left is not None:
+            if len(records) > left:
+                records = records[:left]
+            left -= len(records)
+        for r in records:
             rl = Text(f"offset {r.offset} · {_ts_ms(r.timestamp)} · key ")
             rl.append(render_bytes(r.key, limit))
             rl.append(" · value ")
@@ -683,6 +710,9 @@ def _records_node(node: Tree, name: str, data: Any, limit: int | None, topic: st
                             style="magenta"))
             for hk, hv in r.headers:
                 rn.add(Text(f"header {hk!r} = {render_bytes(hv, limit)}"))
+        if len(records) < len(b.records):
+            _more(bn, sum(len(x.records) for x in rs.batches[i:]) - len(records), "records")
+            left = 0
     if rs.partial is not None:
         p = rs.partial
         sub.add(Text(f"partial batch at {p.offset}: {p.available} of "
@@ -710,13 +740,14 @@ def hexdump(data: bytes) -> str:
 
 def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | None = None,
               limit: int | None = 64, frames: bool = False,
-              frames_limit: int | None = None) -> Tree:
+              frames_limit: int | None = None, items: int | None = None) -> Tree:
     """A :class:`rich.tree.Tree` of one flow: summary line, request and response
     (header and body fields, record batches decoded), and for rewritten or mutated
     frames the before/after diff; with ``frames``, each frame's bytes as a
     :func:`hexdump` too (as received, and as sent when kinspect changed it; the first
     ``frames_limit`` bytes of each, ``None``: all). ``limit`` caps rendered bytes (see
-    :func:`~kinspect.codec.records.render_bytes`); ``None`` shows everything."""
+    :func:`~kinspect.codec.records.render_bytes`); ``None`` shows everything.
+    ``items``: as :func:`message_nodes`'s."""
     row = flow_row(flow, topic_ids)
     # addresses, flags and errors as a capture file has them: escaped like names from
     # the wire (rich's Text keeps ESC, so a crafted capture could drive the terminal)
@@ -754,7 +785,7 @@ def flow_tree(flow: Any, codec: Codec | None = None, *, topic_ids: TopicIds | No
         if msg is None:
             node.add(Text("raw: " + render_bytes(frame, limit)))
             continue
-        if not message_nodes(node, msg, limit, topic_ids, flow.api_version):
+        if not message_nodes(node, msg, limit, topic_ids, flow.api_version, items):
             node.add(Text("body not decoded; raw: " + render_bytes(frame, limit)))
     if codec is None and (flow.request_sent is not None or flow.response_sent is not None):
         codec = Codec()

@@ -788,3 +788,43 @@ def test_show_flow_hex_prints_each_frame_and_refuses_without_flow(capsys):
         cli.main(["show", str(EXAMPLE), "--hex"])
     assert e.value.code == 2
     assert "--hex: only with --flow" in capsys.readouterr().err
+
+
+def test_the_tree_shows_the_tagged_fields_on_the_wire_only():
+    """A tagged field (KIP-482) not on the wire is not in the tree, as ``to_dict`` and
+    Kafka's JSON converters leave it out: the tree shows what the broker sent, a
+    Produce v10 answer without KIP-951's ``NodeEndpoints`` apart from one with it;
+    one written at its default value is shown (it was on the wire)."""
+    import io
+
+    from rich.console import Console
+    from rich.tree import Tree
+
+    from kinspect.codec import Codec, Response
+    from kinspect.show import message_nodes
+
+    c = Codec()
+    cls = c.response_codec(0).cls
+    ep = c.registry.response(0).struct.field("NodeEndpoints").struct.cls
+
+    def tree(body) -> str:
+        frame = c.encode_response(Response(0, 10, 1, 1, None, body, 0, "", 10))
+        t = Tree("answer")
+        message_nodes(t, c.decode_response(frame, 0, 10), 64, None, 10)
+        out = io.StringIO()
+        Console(file=out, width=200).print(t)
+        return out.getvalue()
+
+    bare = tree(cls())
+    assert "ThrottleTimeMs: 0" in bare
+    assert "NodeEndpoints" not in bare and "CurrentLeader" not in bare
+    named = tree(cls(NodeEndpoints=[ep(NodeId=1, Host="h", Port=9, Rack=None)]))
+    assert "NodeEndpoints [1]" in named and "Host: 'h'" in named
+    # the tag of an empty NodeEndpoints array, written: on the wire, so shown
+    frame = c.encode_response(Response(0, 10, 1, 1, None, cls(), 0, "", 10))
+    written = frame[:-1] + bytes([1, 0, 1, 1])  # tag 0, 1 byte: compact array of 0
+    t = Tree("answer")
+    message_nodes(t, c.decode_response(written, 0, 10), 64, None, 10)
+    out = io.StringIO()
+    Console(file=out, width=200).print(t)
+    assert "NodeEndpoints [0]" in out.getvalue()

@@ -193,7 +193,8 @@ def test_the_analysis_flags_them_and_counts_them_in_every_layout():
     assert all(sizes[k] - clean[k] == 3 for k in layouts), (sizes, clean)
 
 
-def test_a_capture_s_stale_decode_flags_give_way_to_the_decoding_of_its_reader(tmp_path):
+def test_a_capture_s_stale_decode_flags_give_way_to_the_decoding_of_its_reader(tmp_path,
+                                                                              capsys):
     """A capture written before these frames were decoded says ``undecoded`` (and a
     loaded proxy's says ``decode-skipped``): its reader decodes the flow itself, so
     those flags go when the decoding succeeds, and stay when it fails."""
@@ -218,6 +219,12 @@ def test_a_capture_s_stale_decode_flags_give_way_to_the_decoding_of_its_reader(t
     assert flows[1].flags == {TRAILING} and flows[1].error is None
     assert UNDECODED in flows[2].flags and "Metadata v12" in flows[2].error  # cut short
     assert flows[3].flags == set()
+    # kinspect show decodes flow by flow (the capture loaded undecoded): the same
+    from kinspect.cli import main
+
+    assert main(["show", str(path), "--format", "json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)}
+    assert [rows[i]["flags"] for i in (1, 2, 3)] == [[TRAILING], [UNDECODED], []]
 
 
 def test_replay_reports_bytes_after_the_body_that_changed():

@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     from ..capture import load_capture
     from ..filters import TopicIds, parse
     from ..flows import Flow
-    from ..proxy.pipeline import decode_flow
+    from ..proxy.pipeline import decode_recorded
     from ..show import flow_json, flow_summary, flow_tree, print_flow_table, printable
 
     if args.flow and (args.filter or args.errors):
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
     ids = TopicIds()
     for f in cap.flows:  # (topic ids first: a Fetch may name its topics by id only)
         if f.api_key == _METADATA:
-            decode_flow(codec, f)
+            decode_recorded(codec, f)
             ids.learn(f)
     if args.bytes_limit is None:  # (JSON is read by programs: nothing cut by default)
         limit = None if args.format == "json" else 64
@@ -131,7 +131,7 @@ def run(args: argparse.Namespace) -> int:
                       f"kinspect: error: {args.capture} has no flows", file=sys.stderr)
                 rc = 1
                 continue
-            decode_flow(codec, flow)
+            decode_recorded(codec, flow)
             if args.format == "json":
                 docs.append(flow_json(flow, codec, topic_ids=ids, limit=limit))
             else:
@@ -145,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
         """The flows the filters let through, each decoded while it is looked at."""
         for f in cap.flows:
             if f.api_key != _METADATA:  # (Metadata: decoded above, and kept)
-                decode_flow(codec, f)
+                decode_recorded(codec, f)
             if all(x.matches(f, topic_ids=ids) for x in filters):
                 yield f
             if f.api_key != _METADATA:

@@ -91,6 +91,16 @@ def decode_flow(codec: Codec, flow: Flow) -> None:
         flow.error = "; ".join(had + [e for e in errors if e not in had])
 
 
+def decode_recorded(codec: Codec, flow: Flow) -> None:
+    """:func:`decode_flow` for a flow read from a capture: what the proxy's lines
+    said of decoding it (``undecoded``, ``decode-skipped``) gives way to this
+    decoding, which may have other specs, or be of frames kinspect once refused."""
+    decode_flow(codec, flow)
+    flow.flags.discard(SKIPPED)
+    if flow.error is None:
+        flow.flags.discard(UNDECODED)
+
+
 class Pipeline:
     """Post-forwarding work queue.
 
