@@ -68,6 +68,10 @@ HOLD_BYTES = 32 << 20
 
 #: bytes of each frame an open flow's hex dumps show (key ``x``)
 FRAMES_SHOWN = 64 << 10
+#: elements of each array, and records of each records field, an open flow shows
+#: (the rest counted): its tree is laid out on rich's refresh thread, which holds the
+#: GIL the forwarding loop needs (a Produce of 20,000 records took 3.5 s to open)
+ITEMS_SHOWN = 500
 
 #: a filter typed in a view holding more flows than this is applied on a thread of
 #: its own: the view keeps its rows, redraws and keys meanwhile, shows how far the
@@ -205,12 +209,19 @@ class LiveView:
         self.detail: int | None = None
         self._held: dict[int, Flow] = {}  # the last flows (interactive), oldest first
         self._held_bytes = 0
+        #: the held flows the filter did not select (let go before the others: the
+        #: others' rows are the ones on screen)
+        self._others: dict[int, None] = {}
+        #: the flow of the selected row (or the open one), kept while it is selected
+        #: even once the held flows let it go
+        self._pinned: Flow | None = None
         self._top = 0  # first row of the table's window while a row is selected
         self._at = 0  # where the selected row was last found among the rows
         self._page = 10  # rows in the table at the last redraw
         self._detail_lines: list[list[Segment]] | None = None  # the detail, rendered
         self._detail_for: tuple | None = None  # ... of (flow id, frames, width)
         self._detail_top = 0
+        self._detail_page = 10  # the open flow's lines on screen at the last redraw
         #: the open flow's frames are shown as hex dumps too (key ``x``)
         self.frames = False
         #: the filter being typed (key ``f``), ``None`` when none is; and what was
@@ -240,6 +251,12 @@ class LiveView:
         self.title = title
         self._rate = _Rate()
         self._bytes = _Rate()
+        self._log: _ViewLog | None = None  # while drawn: the log handler, and the
+        self._muted: list[logging.Handler] = []  # handlers it stands in for
+        self._tstp: Any = None  # the SIGTSTP handler before the view's
+        #: the last warning (or worse) logged while the view is drawn, and how many
+        self.last_warning: str | None = None
+        self.warnings = 0
         self._live = Live(self, console=self.console, refresh_per_second=refresh_per_second,
                           screen=False, transient=False, redirect_stdout=False,
                           redirect_stderr=False, vertical_overflow="crop")
@@ -247,13 +264,50 @@ class LiveView:
     def start(self, keys: int | None = None) -> "LiveView":
         """Start drawing; with ``keys`` (a terminal's file descriptor, e.g. stdin's)
         read keys from it (:class:`KeyReader`) to select and open rows (the view is
-        then ``interactive``)."""
+        then ``interactive``).
+
+        While the view is drawn, log records go through it (:class:`_ViewLog`): the
+        last warning is shown under its header, and the records are written once it
+        stops (written to the terminal meanwhile, the next redraw erased them). On a
+        terminal, Ctrl-Z
+        shows the cursor before the process stops (SIGTSTP) and hides it again when
+        it goes on."""
+        root = logging.getLogger()
+        # (the handlers writing to the terminal: basicConfig's)
+        self._muted = [h for h in root.handlers if type(h) is logging.StreamHandler
+                       and getattr(h, "stream", None) in (sys.stderr, sys.stdout)]
+        for h in self._muted:
+            root.removeHandler(h)
+        self._log = _ViewLog(self)
+        if self._muted:
+            self._log.setFormatter(self._muted[0].formatter)
+        root.addHandler(self._log)
         self._live.start()
+        if (self.console.is_terminal and hasattr(signal, "SIGTSTP")
+                and threading.current_thread() is threading.main_thread()):
+            self._tstp = signal.signal(signal.SIGTSTP, self._suspend)
         if keys is not None:
             self.interactive = True
             self._keys = KeyReader(keys, self._on_key)
             self._keys.start()
         return self
+
+    def _suspend(self, signum: int, frame: Any) -> None:
+        """SIGTSTP (Ctrl-Z): show the cursor (rich's Live hides it), stop; hide it
+        again and redraw once the process goes on (SIGCONT)."""
+        try:
+            self.console.show_cursor(True)
+            self.console.file.flush()
+        except (OSError, ValueError):
+            pass
+        signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTSTP)  # stops here until SIGCONT
+        signal.signal(signal.SIGTSTP, self._suspend)
+        try:
+            self.console.show_cursor(False)
+            self._live.refresh()
+        except (OSError, ValueError):
+            pass
 
     def on_request(self, flow: Flow) -> None:
         if NO_RESPONSE not in flow.flags:  # (that flow is complete already)
@@ -269,12 +323,12 @@ class LiveView:
         matches = match is None or self._match(match, flow)
         with self._lock:  # (a redraw shows it waiting or complete, never both)
             self._waiting.pop(flow.id, None)
-            if self.interactive:  # every flow: a filter typed later may want it
-                self._hold(flow, size)
             for arrivals in self._arrivals:  # (a filter being applied takes it too)
                 arrivals.append(flow)
             if self.match is not match:  # a new filter came meanwhile (filter())
                 matches = self._matches(flow)
+            if self.interactive:  # every flow: a filter typed later may want it
+                self._hold(flow, size, matches)
             if not matches:
                 return
             pending = self._pending
@@ -391,6 +445,7 @@ class LiveView:
             held = list(self._held.values())
             self._arrivals.append(arrivals)
         rows = []
+        others: list[int] = []
         one = self._matches_with
         try:
             for i, flow in enumerate(held):
@@ -402,12 +457,16 @@ class LiveView:
                     row = self._new_row(flow)
                     if row is not None:
                         rows.append(row)
+                else:
+                    others.append(flow.id)
             with self._lock:
                 if job is not None and (job.stopped or self.filtering is not job):
                     return
                 # the flows that came since (few): none reached the rows meanwhile
                 rows.extend(r for r in (self._new_row(f) for f in arrivals
                                         if one(match, f)) if r is not None)
+                others.extend(f.id for f in arrivals if not one(match, f))
+                self._others = {i: None for i in others if i in self._held}
                 self.match = match
                 self._pending.clear()
                 self._pending_bytes = 0
@@ -478,19 +537,42 @@ class LiveView:
             return _LazyRow(flow, self.topic_ids, self._decoded), _style(flow)
         return self._row(flow)
 
-    def _hold(self, flow: Flow, size: int) -> None:
+    def _hold(self, flow: Flow, size: int, matches: bool = True) -> None:
         """Keep ``flow`` for its row's detail and for filters typed later (under the
-        lock); let the oldest held flows go past ``keep`` flows or ``hold_bytes`` of
-        frames."""
+        lock); past ``keep`` flows or ``hold_bytes`` of frames, let the oldest go,
+        those the filter did not select (``matches`` False) first: a filtered view
+        keeps its rows openable however many other flows pass."""
         held = self._held
         limit = self.hold_bytes
         if limit is not None and size > limit:
             return
         held[flow.id] = flow
+        others = self._others
+        if not matches:
+            others[flow.id] = None
         self._held_bytes += size
         while len(held) > self.keep or (limit is not None and self._held_bytes > limit):
-            old = held.pop(next(iter(held)))
+            fid = next(iter(others)) if others else next(iter(held))
+            others.pop(fid, None)
+            old = held.pop(fid)
             self._held_bytes -= len(old.request) + len(old.response or b"")
+
+    def _pin(self) -> None:
+        """Keep the flow of the selected row, or the open one, while it is (under
+        the lock)."""
+        want = self.detail if self.detail is not None else self.selected
+        pinned = self._pinned
+        if want is None:
+            self._pinned = None
+        elif pinned is None or pinned.id != want:
+            self._pinned = self._held.get(want)
+
+    def _held_flow(self, flow_id: int) -> Flow | None:
+        """A held flow by id, the pinned one too (under the lock)."""
+        flow = self._held.get(flow_id)
+        if flow is None and self._pinned is not None and self._pinned.id == flow_id:
+            flow = self._pinned
+        return flow
 
     def waiting_rows(self, n: int, shown: set[str] | frozenset = frozenset()
                      ) -> list[tuple[dict[str, str], str | None]]:
@@ -532,6 +614,16 @@ class LiveView:
             self._keys.stop()
         self.stop_filtering()
         self._live.stop()
+        if self._tstp is not None:
+            signal.signal(signal.SIGTSTP, self._tstp)
+            self._tstp = None
+        if self._log is not None:
+            root = logging.getLogger()
+            root.removeHandler(self._log)
+            for h in self._muted:
+                root.addHandler(h)
+            self._log.replay(self._muted)
+            self._log, self._muted = None, []
 
     def header(self) -> Text:
         p = self.proxy
@@ -611,8 +703,8 @@ class LiveView:
             self._render(rows)
             complete = list(self._rows)[-rows:] if rows > 0 else []
             waiting = self.waiting_rows(rows // 3, {r["id"] for r, _ in complete})
-            shown = complete[len(complete) - (rows - len(waiting)):] if \
-                rows - len(waiting) > 0 else []
+            room = rows - len(waiting)
+            shown = complete[max(len(complete) - room, 0):] if room > 0 else []
             shown += waiting
         heads = [h for _, h, _ in COLUMNS]
         cells = [[row[k] or "" for k, _, _ in COLUMNS] for row, _ in shown]
@@ -718,6 +810,7 @@ class LiveView:
                 self._detail_key(name)
             else:
                 self._table_key(name)
+            self._pin()
 
     def _prompt_key(self, name: str) -> None:
         """A key while a filter is typed: Enter applies it (or says what is wrong
@@ -806,7 +899,7 @@ class LiveView:
         if name == "x":
             self.frames = not self.frames
             return
-        page = max(self._page - 1, 1)
+        page = max(self._detail_page - 1, 1)
         step = {"up": -1, "k": -1, "down": 1, "j": 1, "pgup": -page, "pgdn": page,
                 "space": page, "home": -(1 << 30), "g": -(1 << 30), "end": 1 << 30,
                 "G": 1 << 30}
@@ -827,7 +920,7 @@ class LiveView:
         loop's ``on_flow`` takes it, and a large flow's tree takes a while.)"""
         key = (detail, self.frames, width)
         with self._lock:
-            flow = self._held.get(detail)
+            flow = self._held_flow(detail)
             lines = self._detail_lines if self._detail_for == key else None
         if lines is None:
             options = self.console.options.update(width=width, height=None)
@@ -839,31 +932,43 @@ class LiveView:
             else:
                 what = flow_tree(self._decoded(flow), self.codec, topic_ids=self.topic_ids,
                                  limit=self.bytes_limit, frames=key[1],
-                                 frames_limit=FRAMES_SHOWN)
+                                 frames_limit=FRAMES_SHOWN, items=ITEMS_SHOWN)
             lines = self.console.render_lines(what, options, pad=False)
             with self._lock:
                 if self.detail == detail:
                     self._detail_lines, self._detail_for = lines, key
+        def status(first: int, last: int) -> Text:
+            return Text(f" #{detail}  lines {first}-{last} of {len(lines)}   "
+                        f"{self._arrows()} PgUp PgDn scroll   n/p next/previous flow   "
+                        f"x {'hides' if key[1] else 'shows'} bytes   Esc back", style="dim")
+
+        # the status line wraps on a narrow terminal: the flow's lines get what is
+        # left, less the line rich's Live leaves for the cursor and one to spare
+        most = status(len(lines), len(lines))
+        room = max(height - len(most.wrap(self.console, width)) - 2, 1)
         with self._lock:
-            top = self._detail_top = max(0, min(self._detail_top, len(lines) - height))
-        shown = lines[top:top + height]
-        status = Text(f" #{detail}  lines {top + 1}-{top + len(shown)} of {len(lines)}   "
-                      f"{self._arrows()} PgUp PgDn scroll   n/p next/previous flow   "
-                      f"x {'hides' if key[1] else 'shows'} bytes   Esc back",
-                      style="dim")
-        return Group(status, _Lines(shown))
+            self._detail_page = room
+            top = self._detail_top = max(0, min(self._detail_top, len(lines) - room))
+        shown = lines[top:top + room]
+        return Group(status(top + 1, top + len(shown)), _Lines(shown))
 
     def __rich__(self) -> Group:
         console = self.console
         width, height = console.size
         detail = self.detail
         if detail is not None:
-            return self._detail_view(detail, width, max(height - 3, 3))
+            return self._detail_view(detail, width, height)
         header = self.header()
         # the header wraps on a narrow terminal: the table gets the lines left, less
         # its heading line and the line rich's Live leaves for the cursor (rows past
         # the screen's height would be cropped: the newest ones, at the bottom)
         rows = height - len(header.wrap(console, width)) - 2
+        warning = self.last_warning
+        if warning is not None:  # one line, under the header
+            line = Text(f"{self.warnings} warning{'s' if self.warnings > 1 else ''}, the last: "
+                        f"{warning}", style="yellow", no_wrap=True, overflow="ellipsis")
+            header = Group(header, line)
+            rows -= 1
         prompt = self.prompt
         if prompt is None:
             return Group(header, self.table(max(rows, 3)))
@@ -933,6 +1038,49 @@ def browse(flows: list[Flow], title: str, *, codec: Any = None,
         view.close()
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+class _ViewLog(logging.Handler):
+    """The log while a :class:`LiveView` is drawn, in place of the handlers writing
+    to the terminal (whose lines the next redraw erased): a warning or worse becomes
+    the view's :attr:`~LiveView.last_warning`, shown under its header, and every
+    record is kept (the last :attr:`KEEP`) for those handlers to write once the
+    view has stopped. Nothing is drawn per record: a burst of them (a thousand
+    connections failing) costs the forwarding loop no redraws."""
+
+    #: records kept for the end
+    KEEP = 1000
+
+    def __init__(self, view: LiveView):
+        super().__init__()
+        self.view = view
+        self.records: deque[logging.LogRecord] = deque(maxlen=self.KEEP)
+        self.total = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.records.append(record)
+            self.total += 1
+            if record.levelno >= logging.WARNING:
+                self.view.warnings += 1
+                self.view.last_warning = printable(record.getMessage())
+        except Exception:  # noqa: BLE001 - as logging.Handler.handleError does
+            self.handleError(record)
+
+    def replay(self, handlers: list[logging.Handler]) -> None:
+        """Hand the kept records to ``handlers`` (after saying how many were let go)."""
+        if not handlers:
+            return
+        records = list(self.records)
+        if self.total > len(records):
+            records.insert(0, logging.LogRecord(
+                "kinspect.tui", logging.WARNING, __file__, 0,
+                "%d log records while the live view was drawn; the last %d follow",
+                (self.total, len(records)), None))
+        for record in records:
+            for h in handlers:
+                if record.levelno >= h.level:
+                    h.handle(record)
 
 
 class _FilterJob:
@@ -1033,8 +1181,9 @@ class TableLines:
         for text, name in self.lines:
             if name not in styles:
                 styles[name] = get_style(name)
-            if len(text) > width:  # (rich crops by cells as well, wide characters too)
-                text = text[:width]
+            if cell_len(text) > width:
+                # in cells: a CJK character takes two, a combining accent none
+                text = set_cell_size(text, width)
             yield Segment(text, styles[name])
             yield newline
 
@@ -1063,6 +1212,31 @@ _SEQUENCES = sorted({
 }.items(), key=lambda kv: -len(kv[0]))
 _SINGLE = {b"\r": "enter", b"\n": "enter", b" ": "space", b"\x7f": "backspace",
            b"\x08": "backspace"}
+
+
+def incomplete_at(data: bytes) -> int:
+    """Where a key cut short at the end of ``data`` starts (``len(data)`` when none
+    is): an ESC, or the start of an escape sequence without its final byte, or a
+    UTF-8 character's first bytes. A terminal's read may end inside a key (a held
+    arrow key's sequences come many to a read): its rest comes with the next read."""
+    n = len(data)
+    i = data.rfind(b"\x1b", max(0, n - 8))
+    if i >= 0:
+        tail = data[i:]
+        if tail == b"\x1b" or any(seq != tail and seq.startswith(tail) for seq, _ in _SEQUENCES):
+            return i
+        if tail[:2] in (b"\x1b[", b"\x1bO") and not any(0x40 <= c <= 0x7E for c in tail[2:]):
+            return i  # a sequence not known here, its final byte still to come
+    for back in (1, 2, 3):
+        if back > n:
+            break
+        c = data[n - back]
+        if 0xC2 <= c < 0xF5:  # the first byte of a character of 2, 3 or 4 bytes
+            size = 2 if c < 0xE0 else 3 if c < 0xF0 else 4
+            return n - back if size > back else n
+        if not 0x80 <= c < 0xC0:
+            break
+    return n
 
 
 def parse_keys(data: bytes) -> list[str]:
@@ -1127,6 +1301,9 @@ class KeyReader:
 
     #: seconds between looks at the foreground and the terminal's mode
     POLL = 0.5
+    #: seconds a key cut short at the end of a read waits for its rest (a lone ESC
+    #: is the Esc key once they have passed)
+    ESC_WAIT = 0.05
 
     def __init__(self, fd: int, on_key: Any):
         self.fd = fd
@@ -1190,19 +1367,26 @@ class KeyReader:
             return True
 
     def _run(self) -> None:
+        pending = b""  # a key cut short at the end of the last read
         while True:
             try:
                 if not self._foreground():  # the foreground program's terminal now
                     self._engaged = False
+                    pending = b""
                     if select.select([self._wake_r], [], [], self.POLL)[0]:
                         return
                     continue
                 if not self._engage():
                     return
-                ready, _, _ = select.select([self.fd, self._wake_r], [], [], self.POLL)
+                ready, _, _ = select.select([self.fd, self._wake_r], [], [],
+                                            self.ESC_WAIT if pending else self.POLL)
                 if self._wake_r in ready:
                     return
                 if not ready:
+                    if pending:  # its rest did not come: a lone ESC is the Esc key
+                        keys, pending = parse_keys(pending), b""
+                        for name in keys:
+                            self.on_key(name)
                     continue
                 data = os.read(self.fd, 64)
             except InterruptedError:
@@ -1211,7 +1395,10 @@ class KeyReader:
                 return
             if not data:  # the terminal went away
                 return
-            for name in parse_keys(data):
+            data = pending + data
+            cut = incomplete_at(data)
+            pending = data[cut:]
+            for name in parse_keys(data[:cut]):
                 self.on_key(name)
 
     def stop(self) -> None:

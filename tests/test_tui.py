@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import sys
 import time
 
 import pytest
@@ -48,12 +49,14 @@ async def test_live_view_and_line_printer_show_real_flows(tansu, unique):
     assert any("records=" in line for line in printed if " Produce v" in line)
 
 
-def _flows(n: int, value_size: int = 10):
-    """``n`` complete, decoded ApiVersions/Produce flows (frames built with the codec,
-    paired by the proxy's tracker)."""
+def _flows(n: int, value_size: int = 10, records: int | None = None):
+    """``n`` complete, decoded ApiVersions flows (frames built with the codec, paired
+    by the proxy's tracker); with ``records``, every second one a Produce v9 of that
+    many records instead."""
     import itertools
 
     from proxyutil import codec, request_bytes
+    from test_resilience import produce, record_batch
     from test_tracker import response_bytes
 
     from kinspect.proxy.pipeline import decode_flow
@@ -64,6 +67,12 @@ def _flows(n: int, value_size: int = 10):
     t = FlowTracker(c, 1, "127.0.0.1:1", "127.0.0.1:2", lambda: next(ids))
     out = []
     for i in range(n):
+        if records is not None and i % 2:
+            t.request(produce(i, "t", record_batch([b"v%d" % j for j in range(records)])), i)
+            flow = t.response(response_bytes(0, 9, i), i + 1)
+            decode_flow(c, flow)
+            out.append(flow)
+            continue
         t.request(request_bytes(18, 3, i, ClientSoftwareName="x" * value_size,
                                 ClientSoftwareVersion="1"), i)
         flow = t.response(response_bytes(18, 3, i), i + 1)
@@ -570,7 +579,11 @@ async def test_rows_of_real_flows_are_selected_and_opened(tansu, unique):
         assert "reverse" not in [style for _, style in view.table(20).lines]
 
 
-def test_an_open_flow_the_view_no_longer_holds_says_so():
+def test_an_open_flow_stays_open_while_newer_ones_pass_and_one_not_held_says_so():
+    """The open flow (as the selected row's) is kept while it is open, however many
+    newer flows the view lets go meanwhile; back at the table, its row gone, the
+    oldest row is selected. A row whose flow was not held (past ``hold_bytes``) says
+    so when opened."""
     console = Console(file=io.StringIO(), width=160, height=30, force_terminal=False)
     view = LiveView(_unstarted_proxy(), console=console, keep=3, interactive=True)
     flows = _flows(10)
@@ -582,17 +595,28 @@ def test_an_open_flow_the_view_no_longer_holds_says_so():
     assert view.detail == flows[0].id
     console.print(view)
     assert "ApiVersions v3" in console.file.getvalue()
-    for f in flows[3:]:  # three newer rows: the open flow's row and flow are let go
+    for f in flows[3:]:  # seven newer flows: the held ones are the last three
         view.on_flow(f)
     view.table(10)
     assert set(view._held) == {f.id for f in flows[-3:]}
-    view.key("down")  # (scrolling re-renders nothing: the lines are kept)
-    view._detail_lines = None  # as after a resize
+    view.key("down")
+    view._detail_lines = None  # as after a resize: drawn again, from the pinned flow
     console.file = io.StringIO()
     console.print(view)
-    assert f"flow #{flows[0].id} is not held any more" in console.file.getvalue()
-    view.key("esc")  # its row is gone too: the oldest row is selected instead
+    assert f"#{flows[0].id} ApiVersions v3" in console.file.getvalue()
+    view.key("esc")  # its row is gone: the oldest row is selected instead
     assert view.detail is None and view.selected == flows[-3].id
+    assert view._pinned is flows[-3]
+
+    tiny = LiveView(_unstarted_proxy(), console=console, keep=3, interactive=True,
+                    hold_bytes=1)  # (no flow fits: rows, but no flows behind them)
+    for f in flows[:3]:
+        tiny.on_flow(f)
+    tiny.table(10)
+    tiny.key("enter")
+    console.file = io.StringIO()
+    console.print(tiny)
+    assert f"flow #{flows[2].id} is not held any more" in console.file.getvalue()
 
 
 def test_a_capture_browsed_without_its_decoded_values_shows_what_it_would_with():
@@ -1261,3 +1285,199 @@ def test_a_flow_too_large_to_hold_that_comes_while_a_filter_applies_gets_its_row
     want = [str(i) for i in range(1, 52, 2)] + ["53"]
     assert [r["id"] for r, _ in view.rows] == want
     view.close()
+
+
+# -- found by an exploratory run of the live view at a terminal (session 29) ---------
+
+
+def test_fewer_flows_than_the_screen_holds_are_all_shown():
+    """With room for more rows than there are flows, every flow is on the screen
+    (between half and all of the room, the table showed ever fewer)."""
+    console = Console(file=io.StringIO(), width=160, height=40, force_terminal=False)
+    view = LiveView(_unstarted_proxy(), console=console, keep=100)
+    flows = _flows(15)
+    for f in flows:
+        view.on_flow(f)
+    for rows in (15, 16, 26, 40):
+        lines = view.table(rows).lines
+        assert [t.split()[0] for t, _ in lines[1:]] == [str(f.id) for f in flows], rows
+
+
+def test_rows_with_combining_characters_are_cut_by_cells():
+    """A line is cut to the terminal's width in cells: a combining accent takes
+    none, so a row with some keeps its last cells."""
+    from rich.cells import cell_len
+
+    from kinspect.tui import TableLines
+
+    text = "e\u0301" * 10 + "1 rec"  # 15 cells, 25 characters
+    console = Console(file=io.StringIO(), width=15, force_terminal=False)
+    console.print(TableLines([(text, None), ("x" * 20, None)]))
+    first, second = console.file.getvalue().splitlines()
+    assert first.endswith("1 rec") and cell_len(first) == 15
+    assert second == "x" * 15
+
+
+def test_a_key_cut_between_two_reads_is_one_key():
+    """A terminal's read may end inside a key's escape sequence (a held arrow key
+    sends them many to a read): the rest comes with the next read, and the key is
+    whole, not an Esc and stray bytes; a lone ESC is Esc once ``ESC_WAIT`` passed."""
+    import pty
+
+    from kinspect.tui import KeyReader, incomplete_at, parse_keys
+
+    assert incomplete_at(b"ab\x1b") == 2 and incomplete_at(b"\x1b[B\x1b[") == 3
+    assert incomplete_at(b"\x1b[5") == 0 and incomplete_at(b"\x1b[B") == 3
+    assert incomplete_at(b"\x1b[1;5") == 0  # (a sequence not known here, cut)
+    assert incomplete_at("é".encode()[:1]) == 0 and incomplete_at("é".encode()) == 2
+    assert incomplete_at("漢".encode()[:2]) == 0
+    master, slave = pty.openpty()
+    keys: list[str] = []
+    reader = KeyReader(slave, keys.append).start()
+    try:
+        deadline = time.monotonic() + 10
+        while not reader.reading:
+            assert time.monotonic() < deadline, "no cbreak mode"
+            time.sleep(0.01)
+        os.write(master, b"\x1b[B" * 21 + b"\x1b")
+        time.sleep(0.01)  # (well under ESC_WAIT)
+        os.write(master, b"[Bj")
+        deadline = time.monotonic() + 10
+        while len(keys) < 23:
+            assert time.monotonic() < deadline, keys
+            time.sleep(0.01)
+        assert keys == ["down"] * 22 + ["j"]
+        os.write(master, b"\x1b")  # the Esc key: nothing follows
+        while len(keys) < 24:
+            assert time.monotonic() < deadline, keys
+            time.sleep(0.01)
+        assert keys[23:] == ["esc"]
+    finally:
+        reader.stop()
+        os.close(slave)
+        os.close(master)
+    assert parse_keys(b"\x1b[B" * 2) == ["down", "down"]
+
+
+def test_the_open_flow_fills_a_narrow_terminal_and_pages_by_its_height():
+    """On a narrow terminal the status line wraps: the flow's lines get the rest,
+    the last of them reachable, and PgDn moves by the lines shown."""
+    console = Console(file=io.StringIO(), width=30, height=12, force_terminal=False)
+    view = LiveView(_unstarted_proxy(), console=console, keep=10, interactive=True)
+    flows = _flows(2)
+    for f in flows:
+        view.on_flow(f)
+    view.table(5)
+    view.key("home")
+    view.key("enter")
+    console.print(view)
+    first = console.file.getvalue().splitlines()
+    assert len(first) <= 12 - 1  # (rich's Live keeps a line for the cursor)
+    shown = view._detail_page
+    assert shown >= 1 and len(first) == shown + len(view.__rich__().renderables[0]
+                                                    .wrap(console, 30))
+    view.key("pgdn")
+    assert view._detail_top == shown - 1
+    view.key("end")
+    console.file = io.StringIO()
+    console.print(view)
+    status = console.file.getvalue().replace("\n", " ")
+    m = re.search(r"lines (\d+)-(\d+) of (\d+)", status)
+    assert m and m.group(2) == m.group(3), status
+
+
+def test_a_filtered_view_keeps_its_rows_openable_while_other_flows_pass():
+    """The view holds its last ``keep`` flows for their rows' detail; those the
+    filter does not select go first, so a filtered row stays openable however many
+    other flows pass."""
+    from kinspect.filters import parse
+
+    console = Console(file=io.StringIO(), width=160, height=30, force_terminal=False)
+    flows = _flows(40, records=1)
+    produce = [f for f in flows if f.api_name == "Produce"]
+    others = [f for f in flows if f.api_name != "Produce"]
+    assert produce and len(others) > 10
+    view = LiveView(_unstarted_proxy(), console=console, keep=10, interactive=True,
+                    match=parse("~api Produce"))
+    for f in produce[:2] + others:
+        view.on_flow(f)
+    assert {f.id for f in produce[:2]} <= set(view._held) and len(view._held) == 10
+    view.table(10)
+    view.key("home")
+    view.key("enter")
+    console.print(view)
+    assert f"#{produce[0].id} Produce" in console.file.getvalue()
+    assert "not held" not in console.file.getvalue()
+
+
+def test_a_large_flow_opens_with_its_first_records_and_says_how_many_more():
+    """An open flow shows the first ``ITEMS_SHOWN`` records of a records field (and
+    elements of an array): its tree is laid out on rich's refresh thread, which
+    holds the GIL the forwarding loop needs. ``show --flow`` shows them all."""
+    from proxyutil import codec
+
+    from kinspect.show import flow_tree
+    from kinspect.tui import ITEMS_SHOWN
+
+    flow = _flows(2, records=ITEMS_SHOWN + 30)[1]
+    assert flow.api_name == "Produce"
+    console = Console(file=io.StringIO(), width=200, force_terminal=False)
+    console.print(flow_tree(flow, codec(), items=ITEMS_SHOWN))
+    text = console.file.getvalue()
+    total = int(re.search(r"(\d+) record\(s\) of t\[0\]", text).group(1))
+    assert total > ITEMS_SHOWN  # (the batch builder takes what fits its size)
+    assert text.count("· value ") == ITEMS_SHOWN
+    assert f"… {total - ITEMS_SHOWN} more records" in text
+    console.file = io.StringIO()
+    console.print(flow_tree(flow, codec()))
+    assert console.file.getvalue().count("· value ") == total
+
+
+def test_log_records_wait_for_the_end_of_the_view_and_the_last_warning_shows(capsys):
+    """While the view is drawn, a log record written to the terminal would be erased
+    by the next redraw: the last warning is shown under the header, and the records
+    are written by the terminal's handlers once the view stops."""
+    import logging
+
+    root = logging.getLogger()
+    handler = logging.StreamHandler(sys.stderr)  # (as basicConfig's, on the captured stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    root.addHandler(handler)
+    console = Console(file=io.StringIO(), width=160, height=30, force_terminal=False)
+    view = LiveView(_unstarted_proxy(), console=console, keep=10)
+    try:
+        view.start()
+        assert handler not in root.handlers
+        logging.getLogger("kinspect.proxy").warning("conn %d: closing: \x1b[2J cannot reach", 7)
+        logging.getLogger("kinspect.proxy").warning("conn %d: closing: cannot reach", 8)
+        assert capsys.readouterr().err == ""
+        console.print(view)
+        screen = console.file.getvalue()
+        assert "2 warnings, the last: conn 8: closing: cannot reach" in screen
+    finally:
+        view.close()
+        root.removeHandler(handler)
+    assert handler not in root.handlers  # (put back at close, then taken away above)
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["WARNING kinspect.proxy: conn 7: closing: \x1b[2J cannot reach",
+                   "WARNING kinspect.proxy: conn 8: closing: cannot reach"]
+
+
+def test_ctrl_z_shows_the_cursor_before_the_view_stops():
+    """Ctrl-Z at the terminal: the view shows the cursor (rich's Live hides it) before
+    the process stops, so the shell's prompt has one. (The pty's wrapper ends a
+    stopped process: exit status 99.)"""
+    term = Terminal("show", EXAMPLE, "--browse")
+    try:
+        term.read_until(r"q quits")
+        time.sleep(0.3)
+        with term._lock:
+            assert b"\x1b[?25l" in term.out  # hidden while drawn
+            del term.out[:]
+        term.type(b"\x1a")  # Ctrl-Z
+        rc = term.proc.wait(30)
+        with term._lock:
+            assert b"\x1b[?25h" in term.out, bytes(term.out)
+    finally:
+        term.close()
+    assert rc == 99
