@@ -34,6 +34,7 @@ from rich.text import Text
 from rich.tree import Tree
 
 from .codec import Codec, DecodeError
+from .codec.error_codes import error_name as _error_name
 from .codec.records import RecordSet, decode_records, render_bytes, scan_batches
 from .codec.spec import uuid_to_text
 from .codec.values import tag_written
@@ -92,16 +93,12 @@ def _escape(code: int) -> str:
 
 
 def error_name(code: int | None) -> str:
-    """``"TOPIC_ALREADY_EXISTS"`` for 36 (kafka-python's error table), ``""`` for
-    ``None``, ``"ERROR_<n>"`` for codes it does not know."""
+    """``"TOPIC_ALREADY_EXISTS"`` for 36 (Kafka's names:
+    :mod:`kinspect.codec.error_codes`), ``""`` for ``None``, ``"ERROR_<n>"`` for codes
+    it does not know."""
     if code is None:
         return ""
-    try:
-        from kafka.errors import kafka_errors
-        cls = kafka_errors.get(code)
-    except ImportError:  # pragma: no cover - kafka-python is a dependency
-        cls = None
-    return cls.message if cls is not None else f"ERROR_{code}"
+    return _error_name(code)
 
 
 def format_time(ns: int | None) -> str:

@@ -828,3 +828,16 @@ def test_the_tree_shows_the_tagged_fields_on_the_wire_only():
     out = io.StringIO()
     Console(file=out, width=200).print(t)
     assert "NodeEndpoints [0]" in out.getvalue()
+
+
+@pytest.mark.parametrize("code,name", [(-1, "UNKNOWN_SERVER_ERROR"), (6, "NOT_LEADER_OR_FOLLOWER"),
+                                       (10, "MESSAGE_TOO_LARGE"), (17, "INVALID_TOPIC_EXCEPTION"),
+                                       (39, "INVALID_REPLICA_ASSIGNMENT"),
+                                       (128, "INVALID_REGULAR_EXPRESSION"),
+                                       (129, "REBOOTSTRAP_REQUIRED"), (9999, "ERROR_9999")])
+def test_error_codes_are_named_as_kafka_names_them(code, name):
+    """Kafka's names (the protocol guide's error table), not kafka-python's older ones
+    (NOT_LEADER_FOR_PARTITION, UNKNOWN...), nor ERROR_128 for codes it lacks."""
+    from kinspect.show import error_name
+
+    assert error_name(code) == name
