@@ -274,3 +274,24 @@ def test_the_decode_command_keeps_them_warns_and_refuses_them_when_strict(tmp_pa
         (tmp_path / "bad.json").write_text(json.dumps(dict(doc, trailing=bad)))
         assert main(["encode", str(tmp_path / "bad.json")]) == 1
         assert "'trailing' must be a string of hex digits" in capsys.readouterr().err
+
+
+def test_a_frame_without_a_header_keeps_its_undecoded_flag_when_shown(tmp_path, capsys):
+    """decode_recorded leaves alone what it does not decode: a request too short for
+    a header (api key -1) stays ``undecoded`` in ``kinspect show``."""
+    import base64
+    import json
+
+    from kinspect.cli import main
+
+    lines = [{"type": "session", "kinspect": "0.1.0", "start_ns": 1, "upstream": "u:1",
+              "listen": "l:1", "specs": [], "part": 0},
+             {"type": "frame", "ts_ns": 1, "conn": 1, "dir": "req", "client": "c:1",
+              "upstream": "u:1", "flow": 1, "api_key": -1, "api_version": -1,
+              "correlation_id": -1, "flags": ["no-response", "undecoded"],
+              "frame": base64.b64encode(b"\x00\x03").decode()}]
+    path = tmp_path / "garbage.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    assert main(["show", str(path), "--format", "json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert UNDECODED in row["flags"], row

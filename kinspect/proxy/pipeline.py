@@ -96,6 +96,8 @@ def decode_recorded(codec: Codec, flow: Flow) -> None:
     said of decoding it (``undecoded``, ``decode-skipped``) gives way to this
     decoding, which may have other specs, or be of frames kinspect once refused."""
     decode_flow(codec, flow)
+    if flow.api_key < 0:  # (not decoded: a raw SASL token, or a frame without a header)
+        return
     flow.flags.discard(SKIPPED)
     if flow.error is None:
         flow.flags.discard(UNDECODED)
