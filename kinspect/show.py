@@ -707,8 +707,8 @@ def _records_node(node: Tree, name: str, data: Any, limit: int | None, topic: st
                             style="magenta"))
             for hk, hv in r.headers:
                 rn.add(Text(f"header {hk!r} = {render_bytes(hv, limit)}"))
-        if len(records) < len(b.records):
-            _more(bn, sum(len(x.records) for x in rs.batches[i:]) - len(records), "records")
+        if len(records) < len(b.records):  # (the later batches are counted as they come)
+            _more(bn, len(b.records) - len(records), "records")
             left = 0
     if rs.partial is not None:
         p = rs.partial

@@ -303,9 +303,12 @@ class LiveView:
         signal.signal(signal.SIGTSTP, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTSTP)  # stops here until SIGCONT
         signal.signal(signal.SIGTSTP, self._suspend)
+        if self._log is None:  # (the view closed meanwhile)
+            return
+        # no redraw here: this runs on the main thread, which may hold the view's
+        # lock (on_flow) that a redraw takes; the Live's own refresh redraws
         try:
             self.console.show_cursor(False)
-            self._live.refresh()
         except (OSError, ValueError):
             pass
 
@@ -610,12 +613,22 @@ class LiveView:
         return out
 
     def close(self) -> None:
-        if self._keys is not None:
-            self._keys.stop()
-        self.stop_filtering()
-        self._live.stop()
+        try:
+            if self._keys is not None:
+                self._keys.stop()
+            self.stop_filtering()
+            self._live.stop()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        """Put back the SIGTSTP handler and the log handlers the view took, and
+        hand them the records kept meanwhile."""
         if self._tstp is not None:
-            signal.signal(signal.SIGTSTP, self._tstp)
+            try:
+                signal.signal(signal.SIGTSTP, self._tstp)
+            except ValueError:  # (closed off the main thread: it stays, and returns at
+                pass  # once after a stop, the view being closed: see _suspend)
             self._tstp = None
         if self._log is not None:
             root = logging.getLogger()
@@ -1220,7 +1233,7 @@ def incomplete_at(data: bytes) -> int:
     UTF-8 character's first bytes. A terminal's read may end inside a key (a held
     arrow key's sequences come many to a read): its rest comes with the next read."""
     n = len(data)
-    i = data.rfind(b"\x1b", max(0, n - 8))
+    i = data.rfind(b"\x1b", max(0, n - 32))  # (a CSI with parameters runs long)
     if i >= 0:
         tail = data[i:]
         if tail == b"\x1b" or any(seq != tail and seq.startswith(tail) for seq, _ in _SEQUENCES):

@@ -1481,3 +1481,56 @@ def test_ctrl_z_shows_the_cursor_before_the_view_stops():
     finally:
         term.close()
     assert rc == 99
+
+
+def test_records_cut_across_batches_are_counted_once():
+    """Three batches of five records, three shown: the notes count the other twelve,
+    two under the cut batch and ten for the batches after it."""
+    from rich.tree import Tree
+    from test_resilience import record_batch
+
+    from kinspect.show import _records_node
+
+    data = b"".join(record_batch([b"v%d" % i for i in range(5)]) for _ in range(3))
+    t = Tree("x")
+    _records_node(t, "Records", data, 64, "t", 0, 3)
+    console = Console(file=io.StringIO(), width=200, force_terminal=False)
+    console.print(t)
+    text = console.file.getvalue()
+    assert text.count("· value ") == 3
+    counts = [int(n) for n in re.findall(r"… (\d+) more records", text)]
+    assert sorted(counts) == [2, 10], text
+
+
+def test_going_on_after_ctrl_z_does_not_wait_for_the_view_s_lock(monkeypatch):
+    """The SIGTSTP handler runs on the main thread, which may hold the view's lock
+    (on_flow): after the stop it must not redraw (a redraw takes that lock)."""
+    import signal
+    import threading
+
+    from kinspect import tui
+
+    console = Console(file=io.StringIO(), width=100, height=20, force_terminal=True)
+    view = LiveView(_unstarted_proxy(), console=console, keep=10)
+    monkeypatch.setattr(tui.os, "kill", lambda pid, sig: None)  # (no real stop)
+    before = signal.getsignal(signal.SIGTSTP)
+    view.start()
+    fired = threading.Event()
+
+    def watchdog():  # (a plain Lock: any thread may release it, ending a self-wait)
+        fired.set()
+        view._lock.release()
+
+    timer = threading.Timer(5, watchdog)
+    try:
+        view._lock.acquire()  # as on_flow holds it when the signal comes
+        timer.start()
+        view._suspend(signal.SIGTSTP, None)  # (on the main thread, as a handler runs)
+        timer.cancel()
+        if not fired.is_set():
+            view._lock.release()
+        assert not fired.is_set(), "the handler waited for the view's lock"
+    finally:
+        view.close()
+        signal.signal(signal.SIGTSTP, before)
+    assert "\x1b[?25h" in console.file.getvalue()
