@@ -633,7 +633,7 @@ class CaptureBroker:
         for c in sorted(self.index.api_versions, key=lambda c: -c.flow.api_version):
             r = self._recorded_answer(c.flow)
             if r is not None and r.body is not None and r.body.get("ErrorCode") == 0:
-                body = r.body.copy()
+                body = Struct.copy(r.body)
                 break
         if body is None:
             return None

@@ -854,7 +854,7 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
                     if report.truncated or not budget_left():
                         break
                     req = Request(base.api_key, v, base.correlation_id, base.client_id,
-                                  base.header_version, base.header.copy(), base.body.copy(),
+                                  base.header_version, Struct.copy(base.header), Struct.copy(base.body),
                                   0, api)
                     if place == "header":
                         targets = [req.header]

@@ -889,3 +889,81 @@ def test_known_tag_outside_its_tagged_versions_is_a_decode_error():
         c.top_level_tags(wire, 1)
     m = c.cls(taggedLongFlexibleVersionSubset=5)
     assert c.decode(c.encode(m, 2), 2) == m
+
+
+def test_a_tagged_field_longer_than_the_bytes_left_is_reported_at_its_data():
+    """The offset of "tagged field N claims M bytes" is where that field's data
+    starts (DecodeError.offset: where the failing item starts), as the other errors
+    of a tag section name their own tag's offset, not the section's count."""
+    c = inline({"name": "TestMessage", "type": "data", "validVersions": "0-1",
+                "flexibleVersions": "1+",
+                "fields": [{"name": "A", "type": "int32", "versions": "0+"}]})
+    # A=1 | two tags: tag 0 (4 bytes) at offset 5, tag 1 (claims 5, 2 left) at 11
+    raw = h("00 00 00 01 | 02 | 00 04 00 00 00 01 | 01 05 02 aa")
+    with pytest.raises(DecodeError) as ei:
+        c.decode(raw, 1)
+    assert ei.value.offset == 13, ei.value
+    assert "tagged field 1 claims 5 bytes, 2 left" in ei.value.reason
+
+
+# ---------------------------------------------------------------------------
+# field names Python reserves
+
+def _reserved_names():
+    return inline({
+        "name": "TestMessage", "type": "data", "validVersions": "0-1", "flexibleVersions": "1+",
+        "fields": [
+            {"name": "None", "type": "int32", "versions": "0+"},
+            {"name": "pass", "type": "string", "versions": "0+", "nullableVersions": "0+"},
+            {"name": "copy", "type": "int8", "versions": "0+", "default": 7},
+            {"name": "from", "type": "[]Inner", "versions": "0+", "fields": [
+                {"name": "lambda", "type": "int64", "versions": "0+"},
+                {"name": "get", "type": "bool", "versions": "0+"}]},
+            {"name": "class", "type": "Sub", "versions": "0+", "fields": [
+                {"name": "defaults", "type": "int16", "versions": "0+", "default": 3}]},
+            {"name": "async", "type": "int32", "versions": "1+", "taggedVersions": "1+",
+             "tag": 0},
+        ]})
+
+
+@pytest.mark.parametrize("version", [0, 1])
+def test_fields_named_like_python_keywords_decode_and_encode(version):
+    """Kafka's generator takes any [A-Za-z][A-Za-z0-9]* field name (FieldSpec), a
+    Python keyword too (None, pass, from, class, lambda, async): such a field is an
+    attribute under its own name (getattr, o[name]) and under name + '_' in code."""
+    c = _reserved_names()
+    s = c.spec.struct
+    Inner = s.field("from").struct.cls
+    m = c.cls(**{"None": -5, "pass": "x", "copy": 1, "async": 9 if version else 0,
+                 "from": [Inner(**{"lambda": 2 ** 40, "get": True})]})
+    raw = c.encode(m, version)
+    wire = (h("ff ff ff fb") + (b"\x02x" if version else b"\x00\x01x") + b"\x01"
+            + (b"\x02" if version else b"\x00\x00\x00\x01")
+            + (2 ** 40).to_bytes(8, "big") + b"\x01" + (b"\x00" if version else b"")
+            + b"\x00\x03" + (b"\x00" if version else b"")
+            + (h("01 | 00 04 00 00 00 09") if version else b""))
+    assert raw == wire
+    back = c.decode(raw, version)
+    assert back == m and getattr(back, "None") == -5 and back.None_ == -5
+    assert back["pass"] == "x" and back.pass_ == "x"
+    assert getattr(back.from_[0], "lambda") == 2 ** 40 and back.from_[0].lambda_ == 2 ** 40
+    assert getattr(back, "class").defaults == 3
+    assert back.async_ == (9 if version else 0)
+    assert c.encode(back, version) == raw
+    assert c.encode(type(m).from_dict(back.to_dict()), version) == raw
+    back.None_ = 6
+    assert getattr(back, "None") == 6
+    # a field named like a Struct method hides it; the library's own copies go
+    # through the class (the fresh default of a struct field, deep copies)
+    assert back.copy == 1 and back.from_[0].get is True
+    from kinspect.codec import Struct
+    dup = Struct.copy(back)
+    assert dup == back and dup.from_ is not back.from_ and dup.from_[0] is not back.from_[0]
+    assert getattr(c.cls(), "class").defaults == 3
+
+
+def test_a_keyword_field_decoding_badly_is_a_decode_error_naming_it():
+    c = _reserved_names()
+    with pytest.raises(DecodeError) as ei:
+        c.decode(h("00 00 00 01 | 00 05 61"), 0)  # pass claims 5 bytes, 1 left
+    assert "pass" in ei.value.path, ei.value

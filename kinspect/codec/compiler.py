@@ -48,7 +48,7 @@ from .codecache import compile_cached
 from .errors import DecodeError, EncodeError
 from .native import native_module
 from .spec import INT_RANGES, FieldSpec, MessageSpec, StructSpec
-from .values import Struct, nan_default, struct_class
+from .values import Struct, attribute_alias, nan_default, struct_class
 
 #: the C fast path's module (kinspect.codec._native), or None when it is not used
 _native = native_module()
@@ -60,6 +60,12 @@ FIXED = {
     "uuid": ("16s", 16),
 }
 _WIDTH_BITS = {"int16": 16, "int32": 32, "int64": 64}
+
+
+def _attr(f: FieldSpec) -> str:
+    """The attribute generated code reads and writes for field ``f``
+    (:func:`~kinspect.codec.values.attribute_alias`: a keyword gets its alias)."""
+    return attribute_alias(f.name)
 
 
 def _ecode(t: str) -> str:
@@ -385,7 +391,7 @@ class _Unit:
         while i < len(fields):
             f = fields[i]
             if not self.present(f) or f.tagged_in(v):
-                self.emit_default(ind, f, f"{o}.{f.name}")
+                self.emit_default(ind, f, f"{o}.{_attr(f)}")
                 i += 1
                 continue
             if not self.traced:
@@ -405,7 +411,7 @@ class _Unit:
                 if run and (len(run) > 1 or pfx is not None or tail_tags):
                     fmt = ">" + "".join(FIXED[x.type][0] for x in run)
                     size = sum(FIXED[x.type][1] for x in run)
-                    targets = [f"{o}.{x.name}" for x in run]
+                    targets = [f"{o}.{_attr(x)}" for x in run]
                     pv = None
                     if pfx is not None or tail_tags:
                         pv = self.tmp("p")
@@ -421,17 +427,17 @@ class _Unit:
                         # a compact length prefix, or (pfx None) a tag count
                         self.uv_rest(ind + 1, pv, two=pfx is not None, length=pfx is not None)
                     if pfx is not None:
-                        self.read_field(ind, nxt, f"{o}.{nxt.name}", pre=pv)
+                        self.read_field(ind, nxt, f"{o}.{_attr(nxt)}", pre=pv)
                         i = j + 1
                         continue
                     i = j
                     if tail_tags:
                         for x in fields[j:]:
-                            self.emit_default(ind, x, f"{o}.{x.name}")
+                            self.emit_default(ind, x, f"{o}.{_attr(x)}")
                         self.finish_decode(st, ind, o, pre=pv)
                         return
                     continue
-            self.read_field(ind, f, f"{o}.{f.name}")
+            self.read_field(ind, f, f"{o}.{_attr(f)}")
             i += 1
         self.finish_decode(st, ind, o)
 
@@ -497,7 +503,7 @@ class _Unit:
         self.emit(2, "e = pos + sz")
         self.emit(2, "if e > end:")
         self.emit(3, "raise _DE('tagged field %d claims %d bytes, %d left' % (t, sz, end - pos), "
-                     "'tagged field data')")
+                     "'tagged field data', pos)")
         kw = "if"
         for f in sorted(tagged, key=lambda x: x.tag):
             self.emit(2, f"{kw} t == {f.tag}:")
@@ -506,15 +512,15 @@ class _Unit:
                 self.emit(3, f"T.append(({f.name!r}, pos, {self.describe(f)!r}))")
             self.emit(3, "end0 = end")
             self.emit(3, "end = e")
-            self.read_field(3, f, f"o.{f.name}", in_tag=True)
+            self.read_field(3, f, f"o.{_attr(f)}", in_tag=True)
             self.emit(3, "end = end0")
             self.emit(3, "if pos != e:")
             self.emit(4, f"raise _DE('tagged field {f.name} (tag {f.tag}) declared %d bytes but "
                          f"its value took %d' % (sz, pos - e + sz), 'tagged field of size')")
             if nan_default(f):
-                self.emit(3, f"if o.{f.name} != o.{f.name}:")  # NaN: at its default
+                self.emit(3, f"if o.{_attr(f)} != o.{_attr(f)}:")  # NaN: at its default
             else:
-                self.emit(3, f"if o.{f.name} == {self.default_cmp(f)}:")
+                self.emit(3, f"if o.{_attr(f)} == {self.default_cmp(f)}:")
             self.emit(4, f"_mark(o, {f.tag})")
             if self.traced:
                 self.emit(3, "T.pop()")
@@ -558,7 +564,7 @@ class _Unit:
             x = self.tmp("d")
             self.emit(ind, f"{x} = _new({self.cls_name(f.struct)})")
             for sf in f.struct.fields:
-                self.emit(ind, f"{x}.{sf.name} = {self.default_expr(sf)}")
+                self.emit(ind, f"{x}.{_attr(sf)} = {self.default_expr(sf)}")
             self.emit(ind, f"{x}._unknown = None")
             self.emit(ind, f"{target} = {x}")
         else:
@@ -574,7 +580,7 @@ class _Unit:
         self.makers[name] = []  # placeholder against recursion
         lines = [f"def {name}():", f"    o = _new({self.cls_name(st)})"]
         for f in st.fields:
-            lines.append(f"    o.{f.name} = {self.default_expr(f)}")
+            lines.append(f"    o.{_attr(f)} = {self.default_expr(f)}")
         lines += ["    o._unknown = None", "    return o", ""]
         self.makers[name] = lines
         return name
@@ -774,9 +780,9 @@ class _Unit:
         self.emit(ind + 2, f"{x} = _new({self.cls_name(st)})")
         for f in st.fields:
             if f in wire:
-                self.emit(ind + 2, f"{x}.{f.name} = {names[wire.index(f)]}")
+                self.emit(ind + 2, f"{x}.{_attr(f)} = {names[wire.index(f)]}")
             else:
-                self.emit(ind + 2, f"{x}.{f.name} = {self.default_expr(f)}")
+                self.emit(ind + 2, f"{x}.{_attr(f)} = {self.default_expr(f)}")
         self.emit(ind + 2, f"{x}._unknown = None")
         self.emit(ind + 2, f"{ap}({x})")
         self.emit(ind + 1, f"pos = {e}")
@@ -886,7 +892,7 @@ class _Unit:
                 # (which applies check_value)
                 if _native is not None and len(run) <= 64:
                     # one C call checks and appends the run (False: declined)
-                    args = ", ".join(f"{o}.{x.name}" for x in run)
+                    args = ", ".join(f"{o}.{_attr(x)}" for x in run)
                     self.emit(ind, f"if not _prun(out, {self._c(codes.encode())}, {args}):")
                     self.emit(ind + 1, "raise _NO")
                     i = j
@@ -894,7 +900,7 @@ class _Unit:
                 p = self._c(_struct.Struct(">" + codes).pack)
                 names = [self.tmp("a") for _ in run]
                 for n, x in zip(names, run):
-                    self.emit(ind, f"{n} = {o}.{x.name}")
+                    self.emit(ind, f"{n} = {o}.{_attr(x)}")
                 cond = " or ".join(f"_type({n}) is not {_FAST_TYPE[x.type]}"
                                    for n, x in zip(names, run))
                 self.emit(ind, f"if {cond}:")
@@ -902,7 +908,7 @@ class _Unit:
                 self.emit(ind, f"out += {p}({', '.join(names)})")
                 i = j
                 continue
-            self.write_field(ind, f, f"{o}.{f.name}")
+            self.write_field(ind, f, f"{o}.{_attr(f)}")
             i += 1
         if self.flexible:
             self.write_tags(ind, st, o)
@@ -916,7 +922,7 @@ class _Unit:
     def check_absent(self, ind: int, f: FieldSpec, o: str = "o") -> bool:
         if f.ignorable:
             return False
-        val = f"{o}.{f.name}"
+        val = f"{o}.{_attr(f)}"
         self.emit(ind, f"if {self.nondefault(f, val)}:")
         self.emit(ind + 1, f"raise _EE('non-default value %r for field {f.name}, which version "
                            f"{self.version} does not have and which is not ignorable' % ({val},), "
@@ -950,7 +956,7 @@ class _Unit:
         self.emit(ind, f"{tg} = []")
         self.emit(ind, f"{pr} = _getp({o}, '_present', None)")
         for f in tagged:
-            val = f"{o}.{f.name}"
+            val = f"{o}.{_attr(f)}"
             self.emit(ind, f"if {self.nondefault(f, val)} or ({pr} and {f.tag} in {pr}):")
             if self.traced:
                 self.emit(ind + 1, f"T.append(({f.name!r}, len(out), {self.describe(f)!r}))")
@@ -981,7 +987,7 @@ class _Unit:
             if depth >= 2 or len(f.struct.fields) > 8:
                 return f"{val} != {self.default_cmp(f)}"
             parts = [f"{val} is None"]
-            parts += [self.nondefault(sf, f"{val}.{sf.name}", depth + 1) for sf in f.struct.fields]
+            parts += [self.nondefault(sf, f"{val}.{_attr(sf)}", depth + 1) for sf in f.struct.fields]
             parts.append(f"{val}._unknown")
             return "(" + " or ".join(parts) + ")"
         if nan_default(f):  # any NaN is the default: NaN != NaN

@@ -181,7 +181,7 @@ class FieldSpec:
         if self.struct is not None:
             if self.default_text == "null":
                 return None
-            return self.struct.cls.defaults()
+            return self.struct.cls()  # (not .defaults(): a field may be named so)
         return self.default
 
 

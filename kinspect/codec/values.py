@@ -9,6 +9,7 @@ in wire order, in :attr:`Struct.unknown_tags` as ``{tag: bytes}``.
 from __future__ import annotations
 
 import base64
+import keyword
 from typing import Any, Iterator
 
 from .errors import EncodeError
@@ -21,7 +22,11 @@ class Struct:
     """Base class of every decoded struct and message.
 
     Subclasses are generated from a :class:`~kinspect.codec.spec.StructSpec`
-    (see :func:`struct_class`); their ``__slots__`` are the spec's field names.
+    (see :func:`struct_class`); their ``__slots__`` are the spec's field names. A
+    field named like a method here (``copy``, ``get``, ``items``, ``keys``,
+    ``defaults``) hides that method on its instances, as the spec asks: call it
+    through this class then (``Struct.copy(o)``). A field named like a Python
+    keyword is also reachable as ``o.<name>_`` (:func:`attribute_alias`).
     """
 
     __slots__ = ("_unknown", "_present")
@@ -241,7 +246,7 @@ def copy_value(v: Any) -> Any:
     """A deep copy of a field value: structs and lists are copied, the rest is
     immutable and shared."""
     if isinstance(v, Struct):
-        return v.copy()
+        return Struct.copy(v)  # (not v.copy(): a spec field may be named copy)
     if isinstance(v, list):
         return [copy_value(x) for x in v]
     return v
@@ -347,6 +352,19 @@ def _from_plain(f: FieldSpec, v: Any, where: str) -> Any:
     return _prim_from_plain(f.type, v, where)
 
 
+def attribute_alias(name: str) -> str:
+    """The attribute name generated code uses for the spec field ``name``.
+
+    That is ``name`` itself, or ``name + "_"`` when ``name`` is a Python keyword:
+    Kafka's generator takes any ``[A-Za-z][A-Za-z0-9]*`` field name (``FieldSpec``),
+    ``None`` or ``pass`` included, which ``o.None`` cannot spell. The struct class
+    has such a field under its own name (``getattr(o, "None")``, ``o["None"]``) and
+    under the alias, a property over the same slot (``o.None_``); a spec field name
+    has no ``_``, so the alias never meets another field's name.
+    """
+    return name + "_" if keyword.iskeyword(name) else name
+
+
 def struct_class(spec: StructSpec) -> type[Struct]:
     """The value class of a struct spec, created once and cached on the spec.
 
@@ -361,6 +379,12 @@ def struct_class(spec: StructSpec) -> type[Struct]:
     cls = type(spec.name, (Struct,), {"__slots__": names, "_fields": names, "_spec": spec,
                                       "__module__": "kinspect.codec.messages"})
     spec.cls = cls
+    for n in names:
+        alias = attribute_alias(n)
+        if alias != n:
+            slot = cls.__dict__[n]
+            setattr(cls, alias, property(slot.__get__, slot.__set__,
+                                         doc=f"The field {n} (a Python keyword)."))
     for f in spec.fields:
         if f.struct is not None:
             struct_class(f.struct)
@@ -376,8 +400,6 @@ _IMMUTABLE = (type(None), bool, int, float, str, bytes)
 def _generated_init(spec: StructSpec):
     """A fast ``__init__`` for the struct's class, or ``None`` when the field names
     cannot be Python parameters (the generic ``Struct.__init__`` is kept then)."""
-    import keyword
-
     names = [f.name for f in spec.fields]
     if any(keyword.iskeyword(n) or n in ("unknown_tags", "_s_", "_U_") or n.startswith("_d_")
            for n in names):
