@@ -676,10 +676,16 @@ class CaptureBroker:
             return None
 
     def _narrow_api_versions(self, body: Any) -> None:
-        """Advertise only what the recording can answer: each api's version range
-        narrowed to the versions recorded, apis never recorded left out (ApiVersions
-        itself stays, and Heartbeat, answered without a recording), so a client
-        negotiates versions that have answers."""
+        """Advertise what the recording can answer: each api's highest version the
+        highest recorded, apis never recorded left out (ApiVersions itself stays, and
+        Heartbeat, answered without a recording), so a client negotiates versions that
+        have answers. The lowest version stays the recorded broker's (or lower, to
+        take every recorded version in): librdkafka tells what a broker can do by
+        looking for old versions in its ranges (Fetch v4, Produce v3 for the v2
+        message format; with Fetch offered at 11-11 only, librdkafka 2.0 sends no
+        Fetch at all), and a version under the lowest recorded one is answered
+        UNSUPPORTED_VERSION, which a client can read, where a range that left it
+        out would refuse it before it is sent."""
         recorded = self.index.versions
         keep = []
         for entry in body.ApiKeys or []:
@@ -696,7 +702,8 @@ class CaptureBroker:
                     entry.MinVersion, entry.MaxVersion = low, high
                     keep.append(entry)
             elif versions:
-                entry.MinVersion, entry.MaxVersion = min(versions), max(versions)
+                entry.MinVersion = min(entry.MinVersion, min(versions))
+                entry.MaxVersion = max(versions)
                 keep.append(entry)
         body.ApiKeys = keep
 

@@ -87,6 +87,36 @@ def test_same_client_code_reads_the_same_records_from_kinspect_serve(recorded):
     assert " 0 unmatched" in err and " 0 error(s)" in err, err
 
 
+def test_kcat_reads_its_records_from_serve_of_its_own_capture(tmp_path):
+    """kcat (librdkafka 2.0) served a capture of its own session against noida-db
+    produces and consumes as it did when recorded. librdkafka looks for old versions
+    in the broker's ranges to tell what it can do (Fetch v4, Produce v3: the v2
+    message format); serve offered Fetch at the recorded 11-11 only, and kcat sent
+    no Fetch at all and waited until killed."""
+    from kinspect.brokers import NoidaBroker
+
+    values = [f"kcat value {i}" for i in range(3)]
+    path = tmp_path / "kcat.jsonl"
+    with NoidaBroker() as broker:
+        consumed = asyncio.run(record_session(path, broker, values, "kcat-served", "kcat-g",
+                                              client="kcat"))
+    assert consumed == values
+    flows = load_flows(path, codec())
+    fetch = {f.api_version for f in flows if f.api_name == "Fetch"}
+    assert fetch and min(fetch) > 4, fetch  # (what made the bug: Fetch v4 not recorded)
+
+    async def served():
+        async with CaptureBroker(codec(), flows) as broker:
+            got = await roundtrip_async("kcat", "%s:%d" % broker.address, values,
+                                        topic="kcat-served", group="kcat-g", timeout=30)
+        return got, broker.served
+
+    consumed, log = asyncio.run(served())
+    assert consumed == values
+    assert any(e["api"] == "Fetch" and e["tier"] for e in log), log
+    assert not [e for e in log if e["tier"] in (None, "unmatched")], log
+
+
 async def test_in_process_serve_matches_every_request(recorded):
     flows = load_flows(recorded, codec())
     async with CaptureBroker(codec(), flows) as broker:
@@ -124,15 +154,15 @@ async def test_api_versions_at_another_version_than_recorded(recorded, version):
     flows = load_flows(recorded, codec())
     rec = next(f for f in flows if f.api_name == "ApiVersions")
     assert rec.api_version != version
-    # serve advertises only what it can answer: each recorded api narrowed to the
-    # versions the capture holds answers for; apis never recorded are left out, but
-    # for Heartbeat (12), answered without a recording at the recorded broker's range
+    # serve advertises what it can answer: each recorded api's highest version the
+    # highest recorded, its lowest the broker's; apis never recorded are left out,
+    # but for Heartbeat (12), answered without a recording at the broker's range
     used: dict[int, set[int]] = {}
     for f in flows:
         if f.api_key >= 0 and f.response is not None:
             used.setdefault(f.api_key, set()).add(f.api_version)
     assert 12 not in used
-    want = [(k.ApiKey, min(used[k.ApiKey]), max(used[k.ApiKey])) if k.ApiKey not in (12, 18)
+    want = [(k.ApiKey, k.MinVersion, max(used[k.ApiKey])) if k.ApiKey not in (12, 18)
             else (k.ApiKey, k.MinVersion, k.MaxVersion)
             for k in rec.response_decoded.body.ApiKeys if k.ApiKey in used or k.ApiKey == 12]
     assert 12 in [k for k, _, _ in want]
