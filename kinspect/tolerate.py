@@ -167,6 +167,10 @@ class MatrixReport:
     truncated: str | None = None
     elapsed: float = 0.0
     notes: list[str] = field(default_factory=list)
+    #: every request sent to the broker: the cells' (each baseline twice, to tell
+    #: the fields that change between answers) and the set-up's and clean-up's
+    #: around them (ApiVersions, Metadata, CreateTopics, DeleteTopics, DeleteGroups)
+    requests: int = 0
 
     def summary(self) -> dict[str, int]:
         out = {o: 0 for o in OUTCOMES}
@@ -234,6 +238,7 @@ class MatrixReport:
             "truncated": self.truncated,
             "notes": self.notes,
             "elapsed_s": round(self.elapsed, 3),
+            "requests": self.requests,
             "summary": self.summary(),
             "rows": self.rows(),
             "cells": [asdict(c) for c in self.cells],
@@ -638,8 +643,9 @@ def _api_versions(codec: Codec, address: tuple[str, int], timeout: float, client
     return {k.ApiKey: (k.MinVersion, k.MaxVersion) for k in resp.body.ApiKeys}
 
 
-def _send(codec: Codec, address, req: Request, timeout: float):
+def _send(codec: Codec, address, req: Request, timeout: float, report: MatrixReport):
     frame = codec.encode_request(req)
+    report.requests += 1
     t0 = time.perf_counter()
     status, resp, detail = exchange(address, frame, timeout)
     return status, resp, detail, (time.perf_counter() - t0) * 1000
@@ -659,7 +665,7 @@ def _prepare_topic(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, i
         req = Request(19, v, 1, ctx.client_id, codec.request_header_version(19, v),
                       hcls(RequestApiKey=19, RequestApiVersion=v, CorrelationId=1,
                            ClientId=ctx.client_id), body, 0, "CreateTopics")
-        status, frame, detail, _ = _send(codec, address, req, cfg.timeout)
+        status, frame, detail, _ = _send(codec, address, req, cfg.timeout, report)
         if status == "ok":
             resp = codec.decode_response(frame, 19, v)
             code = resp.body.Topics[0].ErrorCode if resp.body.Topics else None
@@ -675,7 +681,7 @@ def _prepare_topic(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, i
     req = build_request(codec, 3, v, ctx)
     if not cfg.include_writes:
         req.body.Topics = None  # all topics: pick one that exists, if any
-    status, frame, _, _ = _send(codec, address, req, cfg.timeout)
+    status, frame, _, _ = _send(codec, address, req, cfg.timeout, report)
     if status != "ok":
         return
     try:
@@ -691,7 +697,7 @@ def _prepare_topic(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, i
 
 
 def _admin(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, int]],
-           ctx: BaselineContext, api_key: int, values: dict[str, Any],
+           ctx: BaselineContext, report: MatrixReport, api_key: int, values: dict[str, Any],
            results: str) -> str:
     """Send one admin request built from ``values`` (:func:`populate`) at the
     highest version both sides know; return what became of it: ``"ok"``, ``"error
@@ -706,7 +712,7 @@ def _admin(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, int]],
     req = Request(api_key, v, 1, ctx.client_id, codec.request_header_version(api_key, v),
                   hcls(RequestApiKey=api_key, RequestApiVersion=v, CorrelationId=1,
                        ClientId=ctx.client_id), body, 0, codec.api_name(api_key))
-    status, frame, detail, _ = _send(codec, cfg.bootstrap, req, cfg.timeout)
+    status, frame, detail, _ = _send(codec, cfg.bootstrap, req, cfg.timeout, report)
     if status != "ok":
         return f"{status} ({detail})" if detail else status
     try:
@@ -733,7 +739,7 @@ def _clean_up(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, int]],
             report.notes.append(f"scratch topic {ctx.topic} left: the broker has no "
                                 f"DeleteTopics")
         else:
-            got = _admin(codec, cfg, apis, ctx, 20,
+            got = _admin(codec, cfg, apis, ctx, report, 20,
                          {"TopicNames": [ctx.topic], "Name": ctx.topic, "TimeoutMs": 5000},
                          "Responses")
             report.notes.append(f"deleted scratch topic {ctx.topic}" if got == "ok" else
@@ -743,7 +749,8 @@ def _clean_up(codec: Codec, cfg: MatrixConfig, apis: dict[int, tuple[int, int]],
             report.notes.append(f"scratch group {ctx.group} left: the broker has no "
                                 f"DeleteGroups")
         else:
-            got = _admin(codec, cfg, apis, ctx, 42, {"GroupsNames": [ctx.group]}, "Results")
+            got = _admin(codec, cfg, apis, ctx, report, 42, {"GroupsNames": [ctx.group]},
+                         "Results")
             report.notes.append(f"deleted scratch group {ctx.group}" if got == "ok" else
                                 f"DeleteGroups {ctx.group}: {got}")
 
@@ -762,7 +769,7 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
     deadline = start + cfg.budget
     address = cfg.bootstrap
     apis = _api_versions(codec, address, cfg.timeout, cfg.client_id)
-    report = MatrixReport(cfg, apis)
+    report = MatrixReport(cfg, apis, requests=1)  # (and _api_versions' one)
     suffix = uuid.uuid4().hex[:8]
     ctx = BaselineContext(topic=f"kinspect-tolerate-{suffix}", group=f"kinspect-tolerate-{suffix}",
                    topic_id=bytes(16), client_id=cfg.client_id, records=_records())
@@ -818,7 +825,7 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
             break
         api = codec.api_name(key)
         base = build_request(codec, key, v, ctx)
-        status, frame, detail, ms = _send(codec, address, base, cfg.timeout)
+        status, frame, detail, ms = _send(codec, address, base, cfg.timeout, report)
         sent += 1
         outcome, code, detail = classify(codec, key, v, status, frame, detail, None, set(),
                                          correlation_id=base.correlation_id)
@@ -828,7 +835,7 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
         first = answer_tree(codec.decode_response(frame, key, v))
         volatile: set[tuple] = set()
         if budget_left():
-            status2, frame2, _, _ = _send(codec, address, base, cfg.timeout)
+            status2, frame2, _, _ = _send(codec, address, base, cfg.timeout, report)
             sent += 1
             if status2 == "ok":
                 try:
@@ -854,8 +861,8 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
                     if report.truncated or not budget_left():
                         break
                     req = Request(base.api_key, v, base.correlation_id, base.client_id,
-                                  base.header_version, Struct.copy(base.header), Struct.copy(base.body),
-                                  0, api)
+                                  base.header_version, Struct.copy(base.header),
+                                  Struct.copy(base.body), 0, api)
                     if place == "header":
                         targets = [req.header]
                     else:
@@ -863,7 +870,7 @@ def run_matrix(cfg: MatrixConfig, codec: Codec | None = None,
                         targets = list(iter_targets(req.body, steps))
                     for t in targets:
                         t.unknown_tags[ForeignTag(tag)] = generated_payload(n)
-                    status, frame, detail, ms = _send(codec, address, req, cfg.timeout)
+                    status, frame, detail, ms = _send(codec, address, req, cfg.timeout, report)
                     sent += 1
                     outcome, code, detail = classify(codec, key, v, status, frame, detail,
                                                      baseline, volatile,

@@ -253,6 +253,39 @@ def test_matrix_is_bounded(tansu):
     assert "max-cells" in report.truncated
 
 
+async def test_the_summary_counts_every_request_sent(tansu, capsys):
+    """The summary's request count is what crossed the wire (counted here by the real
+    proxy in between): the cells', each baseline sent twice, and the set-up's and
+    clean-up's (ApiVersions, Metadata, CreateTopics, DeleteTopics, DeleteGroups). It
+    said the number of cells: 4 where 7 requests were sent."""
+    import asyncio
+
+    from proxyutil import bootstrap_of, running_proxy
+
+    runs = [["--apis", "Metadata", "--max-cells", "5"],
+            ["--apis", "OffsetCommit", "--include-writes", "--payloads", "0", "--tags", "large"]]
+    got = []
+    async with running_proxy(tansu.bootstrap) as (proxy, rec):
+        for extra in runs:
+            before = len(rec.requests)
+            code = await asyncio.to_thread(
+                main, ["tolerate", "--bootstrap", bootstrap_of(proxy), *extra, "--json", "-"])
+            printed = capsys.readouterr()  # (the JSON on stdout, the table on stderr)
+            await asyncio.sleep(0.2)  # (the pipeline's last flows)
+            got.append((code, printed, len(rec.requests) - before))
+    for (code, printed, sent), extra in zip(got, runs):
+        assert code == 0, printed
+        report = json.loads(printed.out)
+        assert report["requests"] == sent, (extra, report["requests"], sent)
+        summary = printed.err.strip().splitlines()[-1]
+        assert f"{len(report['cells'])} cells, {sent} requests in" in summary, summary
+    # Metadata, at most 5 cells: ApiVersions, Metadata for a topic, the v9 baseline
+    # twice, three variants (the count said 4)
+    assert got[0][2] == 7
+    deletes = [f.api_name for f in rec.requests[-2:]]
+    assert deletes == ["DeleteTopics", "DeleteGroups"], deletes
+
+
 def test_unreachable_broker_is_an_error(capsys):
     code = main(["tolerate", "--bootstrap", f"127.0.0.1:{free_port()}", "--timeout", "1"])
     assert code == 1

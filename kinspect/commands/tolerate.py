@@ -116,7 +116,7 @@ def run(args: argparse.Namespace) -> int:
         def progress(cell) -> None:
             nonlocal count
             count += 1
-            status.update(f"tolerance matrix: {count} requests, now {cell.api} v{cell.version} "
+            status.update(f"tolerance matrix: {count} cells, now {cell.api} v{cell.version} "
                           f"{cell.place}")
         report = run_matrix(cfg, codec, progress)
     console.print(report.table())
@@ -128,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[yellow]truncated:[/] {report.truncated}")
     s = report.summary()
     console.print((", ".join(f"{k} {v}" for k, v in s.items() if v) or "no variants") +
-                  f" ({len(report.cells)} requests in {report.elapsed:.1f} s)", highlight=False)
+                  f" ({len(report.cells)} cells, {report.requests} requests in "
+                  f"{report.elapsed:.1f} s)", highlight=False)
     failed = [c for c in report.cells if c.place == "baseline"
               and c.outcome in ("undecodable", "disconnect", "timeout")]
     if failed:  # (those versions got no variants: their tolerance is not known)
