@@ -849,3 +849,46 @@ def test_cli_errors_are_one_line_not_tracebacks(spark, sample, tmp_path, capsys)
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "kinspect: error: Spark did not start with --master 'nowhere://x'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_request_cut_off_by_its_connection_closing_is_flagged_closed(spark, sample,
+                                                                        tmp_path):
+    """A request with no response on a connection that has a close line is flagged
+    ``closed`` in the flows table of both engines, as ``kinspect show`` flags it
+    (``flows_from_records``; the proxy writes the flag on no frame line). In a
+    capture appended to another, the close line of the first one's connection of the
+    same number does not count (ids moved past, as for the frames)."""
+    from kinspect.capture import flows_from_records, read_capture
+
+    _, caps = sample
+    lines = (caps / "a.jsonl").read_bytes().splitlines(keepends=True)
+    recs = [json.loads(x) for x in lines]
+    resp = next(i for i, r in enumerate(recs) if r.get("type") == "frame"
+                and r["dir"] == "resp" and r["api_key"] != 18)
+    conn, flow = recs[resp]["conn"], recs[resp]["flow"]
+    assert any(r.get("type") == "conn" and r.get("event") == "close" and r["conn"] == conn
+               for r in recs)
+    # one: the response gone; two: a.jsonl, then a copy with that response and the
+    # connection's close line gone (its request: not closed, only unanswered)
+    one = [x for i, x in enumerate(lines) if i != resp]
+    second = [x for i, x in enumerate(lines) if i != resp and not (
+        recs[i].get("type") == "conn" and recs[i].get("event") == "close"
+        and recs[i]["conn"] == conn)]
+    d = tmp_path / "caps"
+    d.mkdir()
+    (d / "one.jsonl").write_bytes(b"".join(one))
+    (d / "two.jsonl").write_bytes(b"".join(lines + second))
+
+    shown = {f.id: f.flags for f in flows_from_records(read_capture(d / "one.jsonl"),
+                                                        decode=False).flows}
+    assert "closed" in shown[flow]
+    assert sum("closed" in f for f in shown.values()) == 1
+    ref = reference.compute([d], what_if=False)
+    run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+    spark_flows = parquet_rows(tmp_path / "out", "flows")
+    assert spark_flows == ref["flows"]
+    closed = [(f["capture"], f["flow"]) for f in spark_flows if "closed" in f["flags"]]
+    assert closed == [("one.jsonl", flow)]
+    two = [f for f in spark_flows if f["capture"] == "two.jsonl"]
+    cut = max(f["flow"] for f in two if f["response_bytes"] is None)
+    assert cut > flow and "closed" not in next(f for f in two if f["flow"] == cut)["flags"]

@@ -74,7 +74,8 @@ from kinspect.analysis.summary import AnalysisResult
 #: JSON fields of a capture line the job reads (others are ignored)
 LINE_DDL = ("type STRING, ts_ns BIGINT, conn BIGINT, dir STRING, client STRING, "
             "upstream STRING, flow BIGINT, api_key INT, api_version INT, correlation_id INT, "
-            "frame STRING, frame_sent STRING, flags ARRAY<STRING>, start_ns BIGINT, part INT")
+            "frame STRING, frame_sent STRING, flags ARRAY<STRING>, start_ns BIGINT, part INT, "
+            "event STRING")
 
 
 @dataclass
@@ -475,7 +476,7 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
     from pyspark.sql import functions as F
 
     from kinspect.capture import CaptureError
-    from kinspect.flows import NO_RESPONSE, UNPAIRED
+    from kinspect.flows import CLOSED, NO_RESPONSE, UNPAIRED
 
     names = {}
     part_of = {}
@@ -575,7 +576,19 @@ def read_pairs(spark, captures: list[tuple[str, list[Path]]]):
         F.coalesce("req_flags", empty).alias("req_flags"),
         F.coalesce("resp_flags", empty).alias("resp_flags"),
         "resp_sent_bytes")
-    return pairs
+    # (reference.pair_frames) a request left without a response on a connection that
+    # has a close line: closed
+    closed = (lines.where((F.col("typ") == "conn") & (F.col("r.event") == "close"))
+              .select(F.col("r.conn").alias("conn"), "capture", "line", "part_idx")
+              .withColumn("conn", F.col("conn") + conn_base)
+              .select("capture", "conn").distinct().withColumn("_closed", F.lit(True)))
+    pairs = pairs.join(closed, ["capture", "conn"], "left")
+    mark = (F.col("_closed") & F.col("req_frame").isNotNull() & F.col("resp_frame").isNull()
+            & (F.col("seq") > 0) & ~F.array_contains("req_flags", CLOSED))
+    pairs = pairs.withColumn("req_flags", F.when(
+        F.coalesce(mark, F.lit(False)),
+        F.concat("req_flags", F.array(F.lit(CLOSED)))).otherwise(F.col("req_flags")))
+    return pairs.drop("_closed")
 
 
 def _check_lines(raw, lines, order: dict[str, int]) -> tuple[list, list]:

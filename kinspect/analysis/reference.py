@@ -18,7 +18,10 @@ Definitions shared with :mod:`kinspect.analysis.job` (keep them in step):
   b.jsonl``) have the connection and flow ids of each one after the first moved
   past those before it (:func:`read_frames`), as every capture reader does; an id
   moved past 2**63-1 (a 64-bit column's largest value) is a ``CaptureError``
-  naming its line, not an id made up.
+  naming its line, not an id made up. A request that pairs with no response on a
+  connection with a ``close`` line gets ``closed`` in its pair's ``req_flags``, as
+  :func:`kinspect.capture.flows_from_records` flags such a flow (the proxy writes
+  the flag on no frame line: it learns it after the request's line).
 * lines: a line without ``type`` is a frame line, as for
   :func:`kinspect.capture.read_capture`'s readers (captures of other tools). A frame
   line's ``frame``/``frame_sent`` that is not a base64 string (strict: a number, a
@@ -50,7 +53,7 @@ from typing import Any
 
 from ..capture import CaptureError, _decode_b64
 from ..codec.whatif import VarintSizer
-from ..flows import NO_RESPONSE, UNPAIRED
+from ..flows import CLOSED, NO_RESPONSE, UNPAIRED
 from . import schema
 from .kernel import FlowAnalyzer, load_registry, nearest_rank
 
@@ -199,6 +202,8 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
     again: those of each one after the first are moved past the ids used before
     it, as every capture reader does (:func:`kinspect.capture.flows_from_records`),
     so that two connections never merge. A line without ``type`` is a frame line.
+    A connection's ``close`` line comes too, as ``{"type": "conn", "event": "close",
+    "capture", "conn"}`` (its id moved likewise), for :func:`pair_frames`.
 
     Raises:
         kinspect.capture.CaptureError: what :func:`kinspect.capture.read_capture`
@@ -237,6 +242,9 @@ def read_frames(captures: list[tuple[str, list[Path]]]) -> Iterator[dict]:
                     if conn + conn_base > MAX_ID:
                         raise CaptureError(id_overflow("conn", conn, conn_base), part, lineno)
                     max_conn = max(max_conn, conn + conn_base)
+                if typ == "conn" and rec.get("event") == "close" and type(conn) is int:
+                    yield {"type": "conn", "event": "close", "capture": name,
+                           "conn": conn + conn_base}
                 if typ != "frame":
                     continue
                 rec = dict(rec)
@@ -282,7 +290,12 @@ def pair_frames(frames: Iterable[dict]) -> list[dict]:
     """Pairs (dicts with :data:`~kinspect.analysis.schema.PAIR`'s columns), in
     (capture, connection, correlation id, seq) order."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
+    closed: set[tuple[str, int]] = set()
     for rec in frames:
+        if rec.get("type") == "conn":
+            if rec.get("event") == "close":
+                closed.add((rec["capture"], rec["conn"]))
+            continue
         d = rec.get("dir")
         if d not in ("req", "resp"):
             continue
@@ -306,6 +319,11 @@ def pair_frames(frames: Iterable[dict]) -> list[dict]:
             v = req.get(k) if req is not None else None
             return resp.get(k) if v is None and resp is not None else v
 
+        req_flags = list(req.get("flags") or ()) if req is not None else []
+        if (req is not None and resp is None and seq > 0 and (capture, conn) in closed
+                and CLOSED not in req_flags):
+            req_flags.append(CLOSED)
+
         pairs.append({
             "capture": capture, "conn": conn, "correlation_id": corr, "seq": seq,
             "flow": either("flow"), "client": either("client"),
@@ -316,7 +334,7 @@ def pair_frames(frames: Iterable[dict]) -> list[dict]:
             "resp_frame": resp.get("frame") if resp is not None else None,
             "req_ns": req.get("ts_ns") if req is not None else None,
             "resp_ns": resp.get("ts_ns") if resp is not None else None,
-            "req_flags": list(req.get("flags") or ()) if req is not None else [],
+            "req_flags": req_flags,
             "resp_flags": list(resp.get("flags") or ()) if resp is not None else [],
             "resp_sent_bytes": len(sent) if sent is not None else None,
         })

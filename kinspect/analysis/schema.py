@@ -29,7 +29,8 @@ PAIR = pa.schema([
     ("resp_frame", pa.binary()),
     ("req_ns", pa.int64()),
     ("resp_ns", pa.int64()),
-    ("req_flags", pa.list_(pa.string())),
+    ("req_flags", pa.list_(pa.string())),   # with closed added: no response on a
+    #                                          connection that closed (reference.pair_frames)
     ("resp_flags", pa.list_(pa.string())),
     ("resp_sent_bytes", pa.int64()),
 ])
