@@ -291,6 +291,21 @@ def test_cli_python_engine_writes_tables_and_report(sample, ref, tmp_path):
         assert title in page
 
 
+@pytest.mark.parametrize("extra", [["--master", "spark://nowhere:7077"], ["--conf", "a=b"],
+                                   ["--no-ship-specs"], ["--ship-code"]])
+def test_cli_python_engine_refuses_spark_options(sample, tmp_path, capsys, extra):
+    """The Spark options with --engine python are a usage error naming them (they
+    were taken, and ignored, with exit 0)."""
+    from kinspect.cli import main
+
+    _, caps = sample
+    out = tmp_path / "out"
+    assert main(["analyze", str(caps), "--out", str(out), "--engine", "python", *extra]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert extra[0] in err and "Spark options; --engine python runs no Spark" in err, err
+    assert not out.exists()
+
+
 def test_cli_spark_engine_on_a_running_session(spark, sample, ref, tmp_path, capsys):
     from kinspect.cli import main
 
@@ -539,10 +554,15 @@ def test_a_corrupt_line_is_an_error_in_both_engines_and_a_torn_last_line_a_warni
         d = tmp_path / name.split(".")[0]
         d.mkdir()
         (d / name).write_bytes(b"".join(content))
-        with pytest.raises(CaptureError):
+        with pytest.raises(CaptureError) as ref_err:
             reference.compute([d], what_if=False)
-        with pytest.raises(CaptureError, match=name):
-            run_job(spark, [str(d)], tmp_path / "out", what_if=False)
+        with pytest.raises(CaptureError, match=name) as job_err:
+            run_job(spark, [str(d)], tmp_path / "out" / "tables", what_if=False)
+        # (the job left the directories it made for its tables: an empty --out)
+        assert not (tmp_path / "out").exists()
+        if name == "cut.jsonl":  # both name the line (the job named none)
+            assert f"{name}:{i + 1}:" in str(ref_err.value), ref_err.value
+            assert f"{name}:{i + 1}:" in str(job_err.value), job_err.value
 
     d = tmp_path / "torn"
     d.mkdir()

@@ -641,7 +641,7 @@ def _check_lines(raw, lines, order: dict[str, int]) -> tuple[list, list]:
                 rec = json.loads(r["value"])
             except ValueError:
                 error(r, "a line other than the last is not a JSON object "
-                      f"({r['value'][:60]!r}...)", line=False)
+                      f"({r['value'][:60]!r}...)")
                 continue
             why = _bad_value(rec) if isinstance(rec, dict) else None
             if why is None:  # e.g. a frame that is no string
@@ -658,7 +658,7 @@ def _check_lines(raw, lines, order: dict[str, int]) -> tuple[list, list]:
         for r in torn:
             if r["line"] != last[r["file"]]:
                 error(r, "a line other than the last is not a JSON object "
-                      f"({r['value'][:60]!r}...)", line=False)
+                      f"({r['value'][:60]!r}...)")
             else:
                 warnings.warn(f"{r['file']}: torn last line skipped ({len(r['value'])} chars)",
                               CaptureWarning, stacklevel=3)
@@ -876,22 +876,41 @@ def run_job(spark, capture_paths: list[str], out: str | os.PathLike, *,
             Spark cannot read as named (see :func:`read_pairs`).
         OSError: a local ``out`` that cannot be made a directory.
     """
-    from pyspark import StorageLevel
-    from pyspark.sql import functions as F
-    from pyspark.sql.pandas.types import from_arrow_schema
-
     t0 = time.perf_counter()
     out = str(out).rstrip("/") or "/"
-
-    def at(name: str) -> str:  # a local path or a URI (hdfs://, s3a://...)
-        return f"{out}/{name}"
-
     captures = capture_files(capture_paths)
+    made: list[Path] = []  # the directories made for out, deepest first
     if "://" not in out:  # fail now, not after decoding, when it cannot be a directory
+        for d in (Path(out), *Path(out).parents):
+            if d.exists():
+                break
+            made.append(d)
         try:
             Path(out).mkdir(parents=True, exist_ok=True)
         except FileExistsError:  # a file
             raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), out) from None
+    try:
+        return _run_job(spark, captures, out, spec_paths, ship, code, what_if, console,
+                        partitions, t0)
+    except BaseException:
+        for d in made:  # what a run that failed (a bad capture line) left empty goes
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise
+
+
+def _run_job(spark, captures, out: str, spec_paths, ship: bool, code: bool | None,
+             what_if: bool, console, partitions: int | None, t0: float) -> AnalysisResult:
+    """:func:`run_job` once ``out`` is a directory."""
+    from pyspark import StorageLevel
+    from pyspark.sql import functions as F
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    def at(name: str) -> str:  # a local path or a URI (hdfs://, s3a://...)
+        return f"{out}/{name}"
+
     master = spark.sparkContext.master
     workdir = Path(tempfile.mkdtemp(prefix="kinspect-job-"))
     # the driver serves added files from here while the context lives

@@ -88,6 +88,14 @@ def run(args: argparse.Namespace) -> int:
             return 2
         conf[k] = v
     if args.engine == "python":
+        spark_only = [name for name, given in (
+            ("--master", args.master not in (None, "local[*]")), ("--conf", bool(args.conf)),
+            ("--no-ship-specs", not args.ship_specs),
+            ("--ship-code/--no-ship-code", args.ship_code is not None)) if given]
+        if spark_only:  # (they were taken and ignored)
+            console.print(f"[red]{escape(', '.join(spark_only))}: Spark options; "
+                          f"--engine python runs no Spark[/]")
+            return 2
         from ..analysis.reference import compute, write_tables
         from ..analysis.summary import result_from_tables
 
