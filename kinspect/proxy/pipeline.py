@@ -331,6 +331,7 @@ class Pipeline:
             if self.proxy is not None:
                 try:
                     self.proxy.settle()
+                    self.proxy.check_crowding()
                 except Exception:  # noqa: BLE001 - the queued work must go on
                     log.exception("pipeline: error while pairing frames")
             self._drain_slice()

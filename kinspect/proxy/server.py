@@ -109,6 +109,16 @@ HOLD_INFLIGHT = 8     # MAX_INFLIGHT requests wait for their answers
 #: of a connection at a time (the rest wait in the socket), so this is far beyond
 #: what a client gains by sending ahead.
 MAX_INFLIGHT = 1024
+#: requests waiting for their answers over all connections beyond which the proxy is
+#: crowded (:meth:`Proxy.check_crowding`): each connection may then have only
+#: :data:`CROWDED_INFLIGHT` waiting, until the total is under half of this. Clients
+#: that send ahead and never read their answers (or a broker that does not answer),
+#: on many connections, would else hold MAX_INFLIGHT flows each: 300 connections of
+#: 14-byte requests made some 300 MB of flows of the 8 MB read.
+MAX_INFLIGHT_TOTAL = 32768
+CROWDED_INFLIGHT = 16
+#: seconds between two looks at the total (at the start of pipeline batches)
+CROWDING_CHECK_S = 0.01
 HOLD_SLICE = 16       # the rest of a read waits for the next loop iteration
 #: frames of one read handled in one event-loop callback: a read of tiny frames (a
 #: 256 KiB read holds some 18,000 frames of 14 bytes) is handled this many at a
@@ -216,6 +226,9 @@ class Stats:
     connection_errors: int = 0
     #: times the pipeline fell so far behind that reading was paused
     overloads: int = 0
+    #: times requests waiting for answers over all connections passed
+    #: MAX_INFLIGHT_TOTAL, so that each connection could have only CROWDED_INFLIGHT
+    crowdings: int = 0
     #: reads of more than SLICE_FRAMES frames, handled a slice at a time
     sliced_reads: int = 0
     started: float = field(default_factory=time.time)
@@ -630,6 +643,10 @@ class Proxy:
         self.lingering: set[asyncio.Transport] = set()
         #: the pipeline is too far behind: no connection is read (see overload)
         self.overloaded = False
+        #: so many requests wait for answers that each connection may have only
+        #: CROWDED_INFLIGHT waiting (see check_crowding)
+        self.crowded = False
+        self._crowding_checked = 0.0
         self._next_conn = 0
         self._next_flow = 0
         self._closing = False
@@ -975,6 +992,46 @@ class Proxy:
                 if c.resp_cut.rest is not None and c.upstream_side is not None:
                     c.upstream_side.slice_later()
 
+    @property
+    def inflight_limit(self) -> int:
+        """Requests one connection may have waiting for answers before it is not
+        read: :data:`MAX_INFLIGHT`, or :data:`CROWDED_INFLIGHT` while crowded."""
+        return CROWDED_INFLIGHT if self.crowded else MAX_INFLIGHT
+
+    def check_crowding(self, now: float | None = None) -> None:
+        """Look at the requests waiting for answers over all connections (called
+        by the pipeline at the start of its batches, at most every
+        :data:`CROWDING_CHECK_S`): past :data:`MAX_INFLIGHT_TOTAL` the proxy is
+        crowded, and a connection with :data:`CROWDED_INFLIGHT` or more waiting is
+        not read until half of them are answered (as for :data:`MAX_INFLIGHT`
+        itself), the short path in C off meanwhile (it checks MAX_INFLIGHT); under
+        half the total, the usual limit again. What one connection holds stays
+        bounded by MAX_INFLIGHT, and what all do by about the total: the flows of
+        requests sent ahead, some 800 bytes each however small the frame."""
+        now = time.monotonic() if now is None else now
+        if now - self._crowding_checked < CROWDING_CHECK_S:
+            return
+        self._crowding_checked = now
+        conns = [c for c in self.connections if not c.closed]
+        total = sum(len(c.tracker.inflight) + len(c.unsettled) for c in conns)
+        if not self.crowded and total > MAX_INFLIGHT_TOTAL:
+            self.crowded = True
+            self.stats.crowdings += 1
+            log.warning("%d requests wait for answers on %d connections: each connection "
+                        "may have %d waiting until half of them are answered", total,
+                        len(conns), CROWDED_INFLIGHT)
+            for c in conns:
+                c._refresh_fast()
+                if len(c.tracker.inflight) + len(c.unsettled) >= CROWDED_INFLIGHT:
+                    c._inflight_check()
+        elif self.crowded and total <= MAX_INFLIGHT_TOTAL // 2:
+            self.crowded = False
+            log.info("%d requests wait for answers: the usual limit again", total)
+            for c in conns:
+                c._refresh_fast()
+                if c.client_hold & HOLD_INFLIGHT:
+                    c._inflight_answered()
+
     # -- per-frame helpers used by connections ---------------------------------
     def settle(self) -> None:
         """Pair every frame forwarded on the short path so far and hand the flows to
@@ -1072,7 +1129,8 @@ class Connection:
         short path hold, as the Python one checks them at every read: the connection
         open and not draining (requests), no SASL tokens to come and no half-close
         (``simple``), no frame under way on that side, no mutator for that side, and
-        for answers, reading the client not held for :data:`MAX_INFLIGHT`. Called
+        for answers, reading the client not held for :data:`MAX_INFLIGHT`; and the
+        proxy not crowded (:meth:`Proxy.check_crowding`). Called
         wherever one of them may have changed: after every read Python handled (the
         C path changes none), after a read's later slice or a large frame read in
         place, on opening, closing and draining, and when a mutator or that hold is
@@ -1080,7 +1138,8 @@ class Connection:
         if _Hop is None:
             return
         proxy = self.proxy
-        ok = not self.closed and self.simple
+        # (crowded: the C path checks MAX_INFLIGHT, not the limit in effect)
+        ok = not self.closed and self.simple and not proxy.crowded
         side = self.client_side
         if side is not None:
             cut = self.req_cut
@@ -1146,17 +1205,21 @@ class Connection:
         cut = self.req_cut
         if cut.rest is not None:  # (read while a slice waits: not while reading is paused)
             data, cut.rest = cut.rest + data, None
-        self._from_client(n, cut.take, data, self._hold_request, SLICE_FRAMES)
+        # (crowded: slices of the limit, so that one read passes it by little)
+        self._from_client(n, cut.take, data, self._hold_request,
+                          CROWDED_INFLIGHT if self.proxy.crowded else SLICE_FRAMES)
         if cut.rest is not None:
             self.proxy.stats.sliced_reads += 1
 
     def client_rest(self, limit: int | None = None) -> None:
         """The next slice of what is left of a read from the client (``req_cut.rest``),
-        of at most ``limit`` frames (:data:`SLICE_FRAMES` when ``None``, 0: all)."""
+        of at most ``limit`` frames (:data:`SLICE_FRAMES` when ``None``, or
+        :data:`CROWDED_INFLIGHT` while the proxy is crowded; 0: all)."""
         cut = self.req_cut
         if cut.rest is not None:
-            self._from_client(0, cut.take, cut.rest, self._hold_request,
-                              SLICE_FRAMES if limit is None else limit)
+            if limit is None:
+                limit = CROWDED_INFLIGHT if self.proxy.crowded else SLICE_FRAMES
+            self._from_client(0, cut.take, cut.rest, self._hold_request, limit)
 
     def _from_client(self, n: int, framing: Callable[..., list], *args: Any) -> None:
         """``n`` bytes read from the client: framed by ``framing(*args)`` (a
@@ -1174,7 +1237,7 @@ class Connection:
         except FrameSizeError as e:  # forward what came before the bad size prefix
             events, error = e.events, e
         self._requests(events, error)
-        if len(self.tracker.inflight) >= MAX_INFLIGHT:
+        if len(self.tracker.inflight) >= self.proxy.inflight_limit:
             self._inflight_check()
 
     def _inflight_check(self) -> None:
@@ -1183,14 +1246,14 @@ class Connection:
         The rest of a read past the mark (its later slices) waits too, as bytes."""
         if not self.client_hold & HOLD_INFLIGHT and not self.closed:
             self.proxy.settle()
-            if len(self.tracker.inflight) >= MAX_INFLIGHT:
+            if len(self.tracker.inflight) >= self.proxy.inflight_limit:
                 self.pause_client(HOLD_INFLIGHT)
 
     def _inflight_answered(self) -> None:
         """Answers came while reading the client is held for :data:`MAX_INFLIGHT`:
         read again once half of them are answered."""
         self.proxy.settle()
-        if len(self.tracker.inflight) <= MAX_INFLIGHT // 2:
+        if len(self.tracker.inflight) <= self.proxy.inflight_limit // 2:
             self.resume_client(HOLD_INFLIGHT)
             if self.req_cut.rest is not None and self.client_side is not None:
                 self.client_side.slice_later()  # the rest of the read that passed the mark
@@ -1813,7 +1876,7 @@ class _ClientSide(_HopBase, _Slices, asyncio.Protocol):
                         # waiting, for a later request reusing it.)
                         apis[corr] = chk
                 proxy.pipeline.kick()  # as client_data does
-                if len(conn.unsettled) + len(conn.tracker.inflight) >= MAX_INFLIGHT:
+                if len(conn.unsettled) + len(conn.tracker.inflight) >= proxy.inflight_limit:
                     conn._inflight_check()
                 return
         conn.client_data(data)
