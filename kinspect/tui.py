@@ -62,8 +62,11 @@ log = logging.getLogger("kinspect.tui")
 #: flag shown on the live view's rows of requests still waiting for their responses
 IN_FLIGHT = "in-flight"
 #: bytes of frames (requests and responses) of the flows behind the live view's rows
-#: that an interactive view holds for their detail, past which the oldest are let go
-#: (their decoded values take a few times this)
+#: that an interactive view holds for their detail, past which the oldest are let go.
+#: It holds them without their decoded values (decoded again when opened or
+#: filtered), which take a few times their frames' bytes, and up to some 40 times
+#: (a request of 12 million 2-byte structs, 23 MiB, decoded to 900 MiB, which the
+#: view kept until 500 other flows came)
 HOLD_BYTES = 32 << 20
 
 #: bytes of each frame an open flow's hex dumps show (key ``x``)
@@ -208,6 +211,9 @@ class LiveView:
         #: flow id of the flow shown in detail (``None``: the table is shown)
         self.detail: int | None = None
         self._held: dict[int, Flow] = {}  # the last flows (interactive), oldest first
+        #: the held flows whose decoded values the view let go (see HOLD_BYTES): as
+        #: with decode_on_demand, a row, a filter and the detail decode a copy
+        self._let_go: set[int] = set()
         self._held_bytes = 0
         #: the held flows the filter did not select (let go before the others: the
         #: others' rows are the ones on screen)
@@ -353,8 +359,9 @@ class LiveView:
         """``flow``, or with :attr:`decode_on_demand` and its decoded values let go,
         a decoded copy of it (the flow itself is left as it is: redraws run on two
         threads)."""
-        if (not self.decode_on_demand or self.codec is None or flow.api_key < 0
-                or flow.request_decoded is not None or flow.response_decoded is not None):
+        if (not (self.decode_on_demand or flow.id in self._let_go) or self.codec is None
+                or flow.api_key < 0 or flow.request_decoded is not None
+                or flow.response_decoded is not None):
             return flow
         copy = flow.copy()
         decode_flow(self.codec, copy)
@@ -365,7 +372,7 @@ class LiveView:
         values (:attr:`decode_on_demand`) only when the filter reads them and
         cannot reject it without."""
         ids = self.topic_ids
-        if match.needs_decoded and self.decode_on_demand:
+        if match.needs_decoded and (self.decode_on_demand or flow.id in self._let_go):
             if match.rejects_undecoded(flow, topic_ids=ids):
                 return False
             flow = self._decoded(flow)
@@ -549,6 +556,11 @@ class LiveView:
         limit = self.hold_bytes
         if limit is not None and size > limit:
             return
+        if limit is not None and (flow.request_decoded is not None
+                                  or flow.response_decoded is not None):
+            flow = flow.copy()  # (the others addons' flow keeps its own)
+            flow.request_decoded = flow.response_decoded = None
+            self._let_go.add(flow.id)
         held[flow.id] = flow
         others = self._others
         if not matches:
@@ -557,6 +569,8 @@ class LiveView:
         while len(held) > self.keep or (limit is not None and self._held_bytes > limit):
             fid = next(iter(others)) if others else next(iter(held))
             others.pop(fid, None)
+            if self._pinned is None or self._pinned.id != fid:
+                self._let_go.discard(fid)
             old = held.pop(fid)
             self._held_bytes -= len(old.request) + len(old.response or b"")
 
@@ -569,6 +583,8 @@ class LiveView:
             self._pinned = None
         elif pinned is None or pinned.id != want:
             self._pinned = self._held.get(want)
+        if pinned is not None and pinned is not self._pinned and pinned.id not in self._held:
+            self._let_go.discard(pinned.id)  # (kept for it while it was pinned)
 
     def _held_flow(self, flow_id: int) -> Flow | None:
         """A held flow by id, the pinned one too (under the lock)."""
