@@ -244,7 +244,7 @@ def redact_frame(codec: Codec, frame: bytes, direction: str, api_key: int, api_v
     """
     if sasl_token:
         return redaction_marker(len(frame))
-    if api_key < 0 and direction == "resp":
+    if api_key == -1 and direction == "resp":
         # an answer to no known request (unpaired): what it holds cannot be told,
         # a SaslAuthenticate answer among others; only its correlation id is kept
         return None if len(frame) <= 4 else bytes(frame[:4]) + redaction_marker(len(frame) - 4)
@@ -1371,7 +1371,7 @@ def flows_from_records(records: Iterable[dict[str, Any]], codec: Codec | None = 
                         flags.add(NO_RESPONSE)
             if token:
                 name = "SaslToken"
-            elif api_key < 0:
+            elif api_key == -1:  # (no header; another negative key is one: ApiKey(-5))
                 name = "Malformed"
             else:
                 name = codec.api_name(api_key)

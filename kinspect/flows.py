@@ -109,9 +109,10 @@ class Flow:
 
 def has_correlation_id(flow: Flow) -> bool:
     """Whether ``flow.correlation_id`` came from the wire. Raw SASL tokens and
-    malformed requests (``api_key`` -1, not ``unpaired``) have none and hold -1 there,
-    which a real id (an int32) may also be."""
-    return flow.api_key >= 0 or UNPAIRED in flow.flags
+    requests too short for a header (``api_key`` -1, not ``unpaired``) have none and
+    hold -1 there, which a real id (an int32) may also be. (A header naming another
+    negative api key, which no Kafka api has, is a header: its id is real.)"""
+    return flow.api_key != -1 or UNPAIRED in flow.flags
 
 
 def top_level_error_code(body: Any, version: int | None = None) -> int | None:

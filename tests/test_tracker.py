@@ -163,3 +163,26 @@ def test_a_reused_correlation_id_pairs_its_answers_in_request_order():
     assert t.response(response_bytes(3, 12, 5), 6) is third
     assert not t.pending and not t.inflight and not t.dups
     assert UNPAIRED in t.response(response_bytes(3, 12, 5), 7).flags
+
+
+def test_a_header_naming_a_negative_api_key_is_undecoded_and_keeps_its_id():
+    """An int16 api key below 0 is no Kafka api (theirs are 0 and up): the request is
+    flagged undecoded with why, as an unknown positive key is, and its correlation
+    id is a real one (shown, paired); a header too short to have one still has none.
+    (Its flow was left unflagged, its id shown as -, and its answer redacted in a
+    capture as that of no known request.)"""
+    from kinspect.capture import redact_frame
+    from kinspect.flows import has_correlation_id
+
+    t = tracker()
+    body = struct.pack(">hhih", -5, 0, 7, 3) + b"raw" + b"payload"
+    flow = t.request(body, 1)
+    assert UNDECODED in flow.flags and "api key -5" in flow.error
+    assert flow.correlation_id == 7 and has_correlation_id(flow)
+    answer = struct.pack(">i", 7) + b"OK"
+    assert t.response(answer, 2) is flow and UNPAIRED not in flow.flags
+    assert redact_frame(codec(), answer, "resp", flow.api_key, flow.api_version) is None
+    unknown = redact_frame(codec(), answer, "resp", -1, -1)  # (an answer to no request)
+    assert unknown is not None and unknown[:4] == answer[:4] and unknown[4:] != b"OK"
+    short = t.request(b"\x00\x03", 3)
+    assert not has_correlation_id(short)

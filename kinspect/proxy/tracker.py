@@ -155,6 +155,9 @@ class FlowTracker:
         api_key, api_version, corr = _HHI(frame, 0)
         flow = Flow(self.next_flow_id(), self.conn, self.client, self.upstream, api_key,
                     api_version, corr, self.codec.api_name(api_key), frame, now)
+        if api_key < 0:  # (an int16 on the wire; Kafka's keys are 0 and up)
+            flow.flags.add(UNDECODED)
+            flow.error = f"request: api key {api_key} is no Kafka api key (0 and up)"
         if api_key == PRODUCE and self.produce_acks(frame, api_version) == 0:
             flow.flags.add(NO_RESPONSE)
             if len(self.acks0) >= 64:
