@@ -558,7 +558,7 @@ class LiveView:
             return
         if limit is not None and (flow.request_decoded is not None
                                   or flow.response_decoded is not None):
-            flow = flow.copy()  # (the others addons' flow keeps its own)
+            flow = flow.copy()  # (the flow the other addons have keeps its own)
             flow.request_decoded = flow.response_decoded = None
             self._let_go.add(flow.id)
         held[flow.id] = flow

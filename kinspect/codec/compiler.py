@@ -987,7 +987,8 @@ class _Unit:
             if depth >= 2 or len(f.struct.fields) > 8:
                 return f"{val} != {self.default_cmp(f)}"
             parts = [f"{val} is None"]
-            parts += [self.nondefault(sf, f"{val}.{_attr(sf)}", depth + 1) for sf in f.struct.fields]
+            parts += [self.nondefault(sf, f"{val}.{_attr(sf)}", depth + 1)
+                      for sf in f.struct.fields]
             parts.append(f"{val}._unknown")
             return "(" + " or ".join(parts) + ")"
         if nan_default(f):  # any NaN is the default: NaN != NaN
