@@ -702,7 +702,11 @@ class CaptureBroker:
                     entry.MinVersion, entry.MaxVersion = low, high
                     keep.append(entry)
             elif versions:
-                entry.MinVersion = min(entry.MinVersion, min(versions))
+                # (within the versions the specs know, as for Heartbeat)
+                spec = self.codec.registry.request(entry.ApiKey)
+                low = entry.MinVersion if spec is None else \
+                    max(entry.MinVersion, spec.valid_versions.lowest)
+                entry.MinVersion = min(low, min(versions))
                 entry.MaxVersion = max(versions)
                 keep.append(entry)
         body.ApiKeys = keep
