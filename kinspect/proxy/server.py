@@ -998,6 +998,13 @@ class Proxy:
         read: :data:`MAX_INFLIGHT`, or :data:`CROWDED_INFLIGHT` while crowded."""
         return CROWDED_INFLIGHT if self.crowded else MAX_INFLIGHT
 
+    @property
+    def slice_frames(self) -> int:
+        """Frames of a client's read handled in one callback: :data:`SLICE_FRAMES`,
+        or :data:`CROWDED_INFLIGHT` while crowded (one read passes the limit by
+        little)."""
+        return CROWDED_INFLIGHT if self.crowded else SLICE_FRAMES
+
     def check_crowding(self, now: float | None = None) -> None:
         """Look at the requests waiting for answers over all connections (called
         by the pipeline at the start of its batches, at most every
@@ -1205,21 +1212,17 @@ class Connection:
         cut = self.req_cut
         if cut.rest is not None:  # (read while a slice waits: not while reading is paused)
             data, cut.rest = cut.rest + data, None
-        # (crowded: slices of the limit, so that one read passes it by little)
-        self._from_client(n, cut.take, data, self._hold_request,
-                          CROWDED_INFLIGHT if self.proxy.crowded else SLICE_FRAMES)
+        self._from_client(n, cut.take, data, self._hold_request, self.proxy.slice_frames)
         if cut.rest is not None:
             self.proxy.stats.sliced_reads += 1
 
     def client_rest(self, limit: int | None = None) -> None:
         """The next slice of what is left of a read from the client (``req_cut.rest``),
-        of at most ``limit`` frames (:data:`SLICE_FRAMES` when ``None``, or
-        :data:`CROWDED_INFLIGHT` while the proxy is crowded; 0: all)."""
+        of at most ``limit`` frames (``None``: :attr:`Proxy.slice_frames`; 0: all)."""
         cut = self.req_cut
         if cut.rest is not None:
-            if limit is None:
-                limit = CROWDED_INFLIGHT if self.proxy.crowded else SLICE_FRAMES
-            self._from_client(0, cut.take, cut.rest, self._hold_request, limit)
+            self._from_client(0, cut.take, cut.rest, self._hold_request,
+                              self.proxy.slice_frames if limit is None else limit)
 
     def _from_client(self, n: int, framing: Callable[..., list], *args: Any) -> None:
         """``n`` bytes read from the client: framed by ``framing(*args)`` (a
